@@ -1,0 +1,146 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace sluice::config {
+
+using Duration = std::chrono::milliseconds;
+
+// Thrown only while loading; the message always starts with the YAML path
+// ("models[0].deployments[1].base_url: ...") and ends with the line number.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Url {
+  std::string scheme;       // "http" or "https"
+  std::string host;         // no brackets for IPv6
+  std::uint16_t port = 0;   // defaulted from the scheme when absent
+  std::string path_prefix;  // "" or "/v1" (never a trailing slash)
+  bool tls() const { return scheme == "https"; }
+};
+
+struct Timeouts {
+  Duration connect{2000};
+  Duration ttft{10000};   // request sent -> first response byte
+  Duration idle{30000};   // gap between two body reads
+  Duration total{600000};
+};
+
+struct Deployment {
+  std::string id;              // unique across the whole config
+  Url base_url;
+  std::string api_key;         // resolved from the environment; may be empty
+  std::string upstream_model;  // the name sent upstream
+  std::vector<std::pair<std::string, std::string>> headers;
+  Timeouts timeouts;
+  bool tls_verify = true;
+  std::string ca_file;         // extra trust anchors (PEM); "" = system store only
+  unsigned weight = 1;
+  unsigned max_parallel = 0;   // 0 = unlimited
+  unsigned rpm = 0;            // 0 = unlimited
+};
+
+enum class Strategy { latency, round_robin, weighted, least_busy, priority };
+
+struct Model {
+  std::string name;
+  Strategy strategy = Strategy::latency;
+  std::vector<std::string> fallbacks;
+  std::vector<std::string> context_window_fallbacks;
+  std::vector<Deployment> deployments;
+};
+
+struct Server {
+  std::string listen_host = "0.0.0.0";
+  std::uint16_t listen_port = 8080;
+  unsigned threads = 0;  // 0 = one per core
+  std::size_t max_body_bytes = 8 * 1024 * 1024;
+  std::size_t max_header_bytes = 16 * 1024;
+  Duration header_timeout{10000};
+  Duration body_timeout{30000};
+  Duration keepalive_timeout{75000};
+  unsigned max_connections = 10000;
+};
+
+struct Upstream {
+  unsigned max_idle_per_origin = 64;  // per event-loop thread
+  Duration idle_expiry{60000};        // pooled connections unused this long are closed
+  Duration dns_ttl{30000};
+};
+
+struct Backoff {
+  Duration base{100};
+  Duration max{4000};
+};
+
+struct Cooldown {
+  unsigned fails = 3;
+  Duration within{60000};
+  Duration duration{30000};  // YAML key "for"
+};
+
+struct Hedge {
+  enum class Mode { off, p95, fixed } mode = Mode::off;
+  Duration after{0};  // only for Mode::fixed
+};
+
+struct Router {
+  unsigned window = 20;
+  double latency_buffer = 0.10;
+  unsigned retries = 2;
+  Backoff backoff;
+  Cooldown cooldown;
+  Hedge hedge;
+};
+
+struct Log {
+  std::string level = "info";  // trace|debug|info|warn|error|off
+};
+
+struct Config {
+  Server server;
+  Upstream upstream;
+  Router router;
+  Log log;
+  std::vector<Model> models;
+
+  // Index into models by public name, built by load.
+  std::unordered_map<std::string, std::size_t> model_index;
+
+  const Model* find_model(const std::string& name) const {
+    auto it = model_index.find(name);
+    return it == model_index.end() ? nullptr : &models[it->second];
+  }
+};
+
+using ConfigPtr = std::shared_ptr<const Config>;
+
+// Parses and validates; throws ConfigError. Environment lookups go through
+// `env` so tests can inject their own.
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+std::optional<std::string> process_env(const std::string& name);
+
+ConfigPtr load_file(const std::string& path, EnvLookup env = process_env);
+ConfigPtr load_string(const std::string& yaml_text, EnvLookup env = process_env);
+
+// "250ms", "2s", "1m", "1.5s" -> milliseconds; nullopt when malformed.
+std::optional<Duration> parse_duration(const std::string& text);
+
+// Parses "http(s)://host[:port][/prefix]"; nullopt with reason in `why`.
+std::optional<Url> parse_url(const std::string& text, std::string& why);
+
+// "host:port", "[v6]:port" -> pair; nullopt when malformed.
+std::optional<std::pair<std::string, std::uint16_t>> parse_listen(const std::string& text);
+
+}  // namespace sluice::config
