@@ -1,0 +1,699 @@
+// Turns the YAML config into a validated Config. Every check reports the
+// YAML path and line of the offending node, because the person reading the
+// error is editing that file by hand.
+
+#include "sluice/config/config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <iterator>
+#include <limits>
+#include <map>
+#include <string_view>
+#include <thread>
+
+namespace sluice::config {
+namespace {
+
+// A node plus where it sits in the document, so any check on it can build
+// the "<path>: <problem> (line N)" message.
+struct Located {
+  YAML::Node node;
+  std::string path;
+  int line = 1;  // 1-based
+};
+
+[[noreturn]] void fail(const std::string& path, const std::string& what, int line) {
+  throw ConfigError((path.empty() ? "(root)" : path) + ": " + what + " (line " +
+                    std::to_string(line) + ")");
+}
+
+[[noreturn]] void fail(const Located& at, const std::string& what) { fail(at.path, what, at.line); }
+
+int line_of(const YAML::Node& node, int fallback) {
+  YAML::Mark mark = node.Mark();
+  return mark.is_null() ? fallback : mark.line + 1;
+}
+
+std::string join_path(const std::string& parent, std::string_view key) {
+  return parent.empty() ? std::string(key) : parent + "." + std::string(key);
+}
+
+std::string index_path(const std::string& parent, std::size_t index) {
+  return parent + "[" + std::to_string(index) + "]";
+}
+
+const char* type_name(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+      return "null";
+    case YAML::NodeType::Scalar:
+      return "a scalar";
+    case YAML::NodeType::Sequence:
+      return "a sequence";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Undefined:
+      break;
+  }
+  return "nothing";
+}
+
+std::string join_names(std::initializer_list<std::string_view> names) {
+  std::string joined;
+  for (auto name : names) {
+    if (!joined.empty()) joined += ", ";
+    joined += name;
+  }
+  return joined;
+}
+
+// ---------------------------------------------------------------------------
+// Environment substitution
+
+bool is_env_name(std::string_view name) {
+  if (name.empty() || std::isdigit(static_cast<unsigned char>(name.front()))) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  });
+}
+
+std::string lookup_env(std::string_view name, const EnvLookup& env, const Located& at) {
+  if (!is_env_name(name)) {
+    fail(at, "invalid environment variable name '" + std::string(name) +
+                 "' (letters, digits and '_', not starting with a digit)");
+  }
+  std::optional<std::string> value;
+  if (env) value = env(std::string(name));
+  if (!value) fail(at, "environment variable " + std::string(name) + " is not set");
+  return *std::move(value);
+}
+
+// Expands "${VAR}" anywhere in the text and a whole-value "os.environ/VAR".
+// "$${" stays a literal "${". Substituted values are not expanded again, so
+// a secret that happens to contain "${" is passed through untouched.
+std::string expand_env(const std::string& raw, const EnvLookup& env, const Located& at) {
+  constexpr std::string_view kWholeValuePrefix = "os.environ/";
+  if (raw.starts_with(kWholeValuePrefix)) {
+    return lookup_env(std::string_view(raw).substr(kWholeValuePrefix.size()), env, at);
+  }
+
+  std::string expanded;
+  expanded.reserve(raw.size());
+  std::size_t pos = 0;
+  while (pos < raw.size()) {
+    if (raw.compare(pos, 3, "$${") == 0) {
+      expanded += "${";
+      pos += 3;
+    } else if (raw.compare(pos, 2, "${") == 0) {
+      auto close = raw.find('}', pos + 2);
+      if (close == std::string::npos) fail(at, "unterminated '${' (missing '}')");
+      expanded += lookup_env(std::string_view(raw).substr(pos + 2, close - pos - 2), env, at);
+      pos = close + 1;
+    } else {
+      expanded += raw[pos++];
+    }
+  }
+  return expanded;
+}
+
+// ---------------------------------------------------------------------------
+// Mappings
+
+// Reads one YAML mapping: rejects unknown and repeated keys up front, then
+// hands out values by name. A key whose value is null ("key:" or "key: ~")
+// counts as absent, so commenting out every child of a section leaves the
+// defaults in place.
+class MappingReader {
+ public:
+  MappingReader(const Located& at, std::initializer_list<std::string_view> allowed) : at_(at) {
+    if (at.node.IsNull()) return;
+    if (!at.node.IsMap()) fail(at, std::string("expected a mapping, got ") + type_name(at.node));
+
+    std::map<std::string, int, std::less<>> first_line_of_key;
+    for (auto it = at.node.begin(); it != at.node.end(); ++it) {
+      YAML::Node key_node = it->first;  // a copy: `it->` yields a temporary
+      int key_line = line_of(key_node, at.line);
+      if (!key_node.IsScalar()) {
+        fail(at.path, std::string("keys must be plain names, got ") + type_name(key_node),
+             key_line);
+      }
+      const std::string& key = key_node.Scalar();
+      std::string path = join_path(at.path, key);
+      if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+        fail(path, "unknown key '" + key + "' (allowed: " + join_names(allowed) + ")", key_line);
+      }
+      auto [previous, inserted] = first_line_of_key.emplace(key, key_line);
+      if (!inserted) {
+        fail(path,
+             "duplicate key '" + key + "' (first given at line " +
+                 std::to_string(previous->second) + ")",
+             key_line);
+      }
+      YAML::Node value = it->second;
+      // A null value's mark points past the key, often at the next line;
+      // the key's own line is what the reader wants to see.
+      int value_line = value.IsNull() ? key_line : line_of(value, key_line);
+      entries_.push_back({key, Located{value, std::move(path), value_line}});
+    }
+  }
+
+  std::optional<Located> get(std::string_view key) const {
+    for (const auto& entry : entries_) {
+      if (entry.key == key) {
+        if (entry.value.node.IsNull()) return std::nullopt;
+        return entry.value;
+      }
+    }
+    return std::nullopt;
+  }
+
+  Located require(std::string_view key) const {
+    if (auto value = get(key)) return *value;
+    fail(join_path(at_.path, key), "missing required key", at_.line);
+  }
+
+ private:
+  struct Entry {
+    std::string key;
+    Located value;
+  };
+  Located at_;
+  std::vector<Entry> entries_;
+};
+
+std::vector<Located> sequence_items(const Located& at) {
+  if (!at.node.IsSequence()) {
+    fail(at, std::string("expected a sequence, got ") + type_name(at.node));
+  }
+  std::vector<Located> items;
+  std::size_t index = 0;
+  for (auto it = at.node.begin(); it != at.node.end(); ++it, ++index) {
+    items.push_back(Located{*it, index_path(at.path, index), line_of(*it, at.line)});
+  }
+  return items;
+}
+
+// ---------------------------------------------------------------------------
+// The document
+
+class Loader {
+ public:
+  explicit Loader(EnvLookup env) : env_(std::move(env)) {}
+
+  Config load(const Located& root);
+
+ private:
+  // Every scalar goes through here, so "${VAR}" works in numbers and
+  // durations as much as in API keys and URLs.
+  std::string read_string(const Located& at, std::string_view expected = "a string") const {
+    if (!at.node.IsScalar()) {
+      fail(at, "expected " + std::string(expected) + ", got " + type_name(at.node));
+    }
+    return expand_env(at.node.Scalar(), env_, at);
+  }
+
+  std::string read_non_empty_string(const Located& at) const {
+    std::string text = read_string(at);
+    if (text.empty()) fail(at, "must not be empty");
+    return text;
+  }
+
+  std::uint64_t read_unsigned(const Located& at, std::uint64_t min, std::uint64_t max) const {
+    std::string text = read_string(at, "a number");
+    if (text.starts_with('-')) fail(at, "must not be negative, got " + text);
+    std::uint64_t value = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    bool whole_text = end == text.data() + text.size();
+    if (text.empty() || !whole_text ||
+        (ec != std::errc{} && ec != std::errc::result_out_of_range)) {
+      fail(at, "expected a whole number, got '" + text + "'");
+    }
+    if (value < min) {
+      fail(at, "out of range: must be at least " + std::to_string(min) + ", got " + text);
+    }
+    if (ec == std::errc::result_out_of_range || value > max) {
+      fail(at, "out of range: must be at most " + std::to_string(max) + ", got " + text);
+    }
+    return value;
+  }
+
+  unsigned read_uint(const Located& at, unsigned min,
+                     unsigned max = std::numeric_limits<unsigned>::max()) const {
+    return static_cast<unsigned>(read_unsigned(at, min, max));
+  }
+
+  std::size_t read_size(const Located& at, std::size_t min) const {
+    return static_cast<std::size_t>(
+        read_unsigned(at, min, std::numeric_limits<std::size_t>::max()));
+  }
+
+  double read_non_negative_double(const Located& at) const {
+    std::string text = read_string(at, "a number");
+    double value = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (text.empty() || ec != std::errc{} || end != text.data() + text.size() ||
+        !std::isfinite(value)) {
+      fail(at, "expected a number, got '" + text + "'");
+    }
+    if (value < 0) fail(at, "out of range: must be at least 0, got " + text);
+    return value;
+  }
+
+  bool read_bool(const Located& at) const {
+    std::string text = read_string(at, "true or false");
+    // The YAML 1.2 core schema spellings only: "yes"/"on" are too easily a
+    // leftover from some other value.
+    if (text == "true" || text == "True" || text == "TRUE") return true;
+    if (text == "false" || text == "False" || text == "FALSE") return false;
+    fail(at, "expected true or false, got '" + text + "'");
+  }
+
+  Duration read_duration(const Located& at) const {
+    std::string text = read_string(at, "a duration");
+    auto duration = parse_duration(text);
+    if (!duration) {
+      if (text.starts_with('-')) fail(at, "duration must not be negative, got '" + text + "'");
+      if (!text.empty() &&
+          std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        fail(at, "duration '" + text + "' needs a unit (ms, s, m or h), e.g. " + text + "s");
+      }
+      fail(at, "invalid duration '" + text +
+                   "' (expected a number and a unit: ms, s, m or h, e.g. 250ms, 2s, 1.5s, 1m; "
+                   "it must come to a whole number of milliseconds)");
+    }
+    return *duration;
+  }
+
+  // Every duration in the schema is a timeout or an interval where zero
+  // would either never fire or spin, so zero is rejected across the board.
+  Duration read_positive_duration(const Located& at) const {
+    Duration duration = read_duration(at);
+    if (duration.count() == 0) fail(at, "must be greater than zero");
+    return duration;
+  }
+
+  template <typename Enum>
+  Enum read_enum(const Located& at,
+                 std::initializer_list<std::pair<std::string_view, Enum>> choices) const {
+    std::string text = read_string(at);
+    std::string allowed;
+    for (const auto& [name, value] : choices) {
+      if (name == text) return value;
+      if (!allowed.empty()) allowed += ", ";
+      allowed += name;
+    }
+    fail(at, "invalid value '" + text + "' (allowed: " + allowed + ")");
+  }
+
+  void read_server(const Located& at, Server& server) const;
+  void read_upstream(const Located& at, Upstream& upstream) const;
+  void read_router(const Located& at, Router& router) const;
+  void read_log(const Located& at, Log& log) const;
+  void read_models(const Located& at, Config& config);
+  Model read_model(const Located& at);
+  Deployment read_deployment(const Located& at, const std::string& model_name,
+                             std::size_t deployment_index);
+  void read_timeouts(const Located& at, Timeouts& timeouts) const;
+  void read_headers(const Located& at, Deployment& deployment) const;
+  void read_ca_file(const Located& at, Deployment& deployment) const;
+  std::vector<std::string> read_model_references(const Located& at, const std::string& owner);
+  void check_model_references(const Config& config) const;
+
+  EnvLookup env_;
+
+  // Names and ids must be unique; these remember where each was first used.
+  std::map<std::string, std::string> model_name_paths_;
+  std::map<std::string, std::string> deployment_id_paths_;
+
+  // Fallback names are checked once every model is known.
+  struct ModelReference {
+    std::string name;
+    std::string owner;
+    Located at;
+  };
+  std::vector<ModelReference> model_references_;
+};
+
+void Loader::read_server(const Located& at, Server& server) const {
+  MappingReader map(at, {"listen", "threads", "max_body_bytes", "max_header_bytes",
+                         "header_timeout", "body_timeout", "keepalive_timeout", "max_connections"});
+  if (auto value = map.get("listen")) {
+    std::string text = read_string(*value);
+    auto listen = parse_listen(text);
+    if (!listen) {
+      fail(*value, "invalid listen address '" + text +
+                       "' (expected host:port or [ipv6]:port, port 0-65535)");
+    }
+    server.listen_host = listen->first;
+    server.listen_port = listen->second;
+  }
+  // More threads than this is a typo, not a machine.
+  if (auto value = map.get("threads")) server.threads = read_uint(*value, 0, 1024);
+  if (auto value = map.get("max_body_bytes")) server.max_body_bytes = read_size(*value, 1);
+  if (auto value = map.get("max_header_bytes")) server.max_header_bytes = read_size(*value, 1);
+  if (auto value = map.get("header_timeout"))
+    server.header_timeout = read_positive_duration(*value);
+  if (auto value = map.get("body_timeout")) server.body_timeout = read_positive_duration(*value);
+  if (auto value = map.get("keepalive_timeout")) {
+    server.keepalive_timeout = read_positive_duration(*value);
+  }
+  if (auto value = map.get("max_connections")) server.max_connections = read_uint(*value, 1);
+
+  if (server.threads == 0) server.threads = std::max(1u, std::thread::hardware_concurrency());
+}
+
+void Loader::read_upstream(const Located& at, Upstream& upstream) const {
+  MappingReader map(at, {"max_idle_per_origin", "idle_expiry", "dns_ttl"});
+  // Zero idle connections is valid: it turns pooling off.
+  if (auto value = map.get("max_idle_per_origin"))
+    upstream.max_idle_per_origin = read_uint(*value, 0);
+  if (auto value = map.get("idle_expiry")) upstream.idle_expiry = read_positive_duration(*value);
+  if (auto value = map.get("dns_ttl")) upstream.dns_ttl = read_positive_duration(*value);
+}
+
+void Loader::read_router(const Located& at, Router& router) const {
+  MappingReader map(at, {"window", "latency_buffer", "retries", "backoff", "cooldown", "hedge"});
+  if (auto value = map.get("window")) router.window = read_uint(*value, 1);
+  if (auto value = map.get("latency_buffer")) {
+    router.latency_buffer = read_non_negative_double(*value);
+  }
+  if (auto value = map.get("retries")) router.retries = read_uint(*value, 0);
+
+  if (auto backoff_at = map.get("backoff")) {
+    MappingReader backoff(*backoff_at, {"base", "max"});
+    if (auto value = backoff.get("base")) router.backoff.base = read_positive_duration(*value);
+    if (auto value = backoff.get("max")) router.backoff.max = read_positive_duration(*value);
+    if (router.backoff.max < router.backoff.base) {
+      if (auto max_at = backoff.get("max")) {
+        fail(*max_at, "must not be smaller than backoff.base (" +
+                          std::to_string(router.backoff.base.count()) + "ms)");
+      }
+      fail(*backoff.get("base"), "must not exceed backoff.max (" +
+                                     std::to_string(router.backoff.max.count()) +
+                                     "ms by default); raise max as well");
+    }
+  }
+
+  if (auto cooldown_at = map.get("cooldown")) {
+    MappingReader cooldown(*cooldown_at, {"fails", "within", "for"});
+    // Zero failures would cool a deployment down before it ever failed.
+    if (auto value = cooldown.get("fails")) router.cooldown.fails = read_uint(*value, 1);
+    if (auto value = cooldown.get("within"))
+      router.cooldown.within = read_positive_duration(*value);
+    if (auto value = cooldown.get("for")) router.cooldown.duration = read_positive_duration(*value);
+  }
+
+  if (auto hedge_at = map.get("hedge")) {
+    MappingReader hedge(*hedge_at, {"after"});
+    if (auto value = hedge.get("after")) {
+      std::string text = read_string(*value);
+      if (text == "off") {
+        router.hedge = Hedge{};
+      } else if (text == "p95") {
+        router.hedge.mode = Hedge::Mode::p95;
+      } else {
+        auto after = parse_duration(text);
+        if (!after || after->count() == 0) {
+          fail(*value, "invalid value '" + text +
+                           "' (expected off, p95 or a duration greater than zero such as 500ms)");
+        }
+        router.hedge.mode = Hedge::Mode::fixed;
+        router.hedge.after = *after;
+      }
+    }
+  }
+}
+
+void Loader::read_log(const Located& at, Log& log) const {
+  MappingReader map(at, {"level"});
+  if (auto value = map.get("level")) {
+    std::string level = read_string(*value);
+    constexpr std::string_view kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
+    if (std::find(std::begin(kLevels), std::end(kLevels), level) == std::end(kLevels)) {
+      fail(*value, "invalid value '" + level + "' (allowed: trace, debug, info, warn, error, off)");
+    }
+    log.level = level;
+  }
+}
+
+void Loader::read_models(const Located& at, Config& config) {
+  std::vector<Located> items = sequence_items(at);
+  if (items.empty()) fail(at, "must list at least one model");
+
+  for (const Located& item : items) {
+    Model model = read_model(item);
+    config.model_index.emplace(model.name, config.models.size());
+    config.models.push_back(std::move(model));
+  }
+}
+
+Model Loader::read_model(const Located& at) {
+  MappingReader map(at,
+                    {"name", "strategy", "fallbacks", "context_window_fallbacks", "deployments"});
+  if (!at.node.IsMap()) fail(at, std::string("expected a mapping, got ") + type_name(at.node));
+
+  Model model;
+  Located name_at = map.require("name");
+  model.name = read_non_empty_string(name_at);
+  auto [previous, inserted] = model_name_paths_.emplace(model.name, at.path);
+  if (!inserted) {
+    fail(name_at,
+         "duplicate model name '" + model.name + "' (already defined at " + previous->second + ")");
+  }
+  if (auto value = map.get("strategy")) {
+    model.strategy = read_enum<Strategy>(*value, {{"latency", Strategy::latency},
+                                                  {"round_robin", Strategy::round_robin},
+                                                  {"weighted", Strategy::weighted},
+                                                  {"least_busy", Strategy::least_busy},
+                                                  {"priority", Strategy::priority}});
+  }
+  if (auto value = map.get("fallbacks"))
+    model.fallbacks = read_model_references(*value, model.name);
+  if (auto value = map.get("context_window_fallbacks")) {
+    model.context_window_fallbacks = read_model_references(*value, model.name);
+  }
+
+  Located deployments_at = map.require("deployments");
+  std::vector<Located> items = sequence_items(deployments_at);
+  if (items.empty()) fail(deployments_at, "must list at least one deployment");
+  for (std::size_t index = 0; index < items.size(); ++index) {
+    model.deployments.push_back(read_deployment(items[index], model.name, index));
+  }
+  return model;
+}
+
+std::vector<std::string> Loader::read_model_references(const Located& at,
+                                                       const std::string& owner) {
+  std::vector<std::string> names;
+  for (const Located& item : sequence_items(at)) {
+    std::string name = read_non_empty_string(item);
+    if (std::find(names.begin(), names.end(), name) != names.end()) {
+      fail(item, "model '" + name + "' is listed twice");
+    }
+    names.push_back(name);
+    model_references_.push_back({name, owner, item});
+  }
+  return names;
+}
+
+void Loader::check_model_references(const Config& config) const {
+  for (const auto& reference : model_references_) {
+    if (reference.name == reference.owner) {
+      fail(reference.at, "model '" + reference.name + "' cannot fall back to itself");
+    }
+    if (!config.find_model(reference.name)) {
+      fail(reference.at, "unknown model '" + reference.name + "' (not defined under models)");
+    }
+  }
+}
+
+Deployment Loader::read_deployment(const Located& at, const std::string& model_name,
+                                   std::size_t deployment_index) {
+  MappingReader map(at, {"id", "base_url", "api_key", "model", "headers", "timeouts", "tls_verify",
+                         "ca_file", "weight", "max_parallel", "rpm"});
+  if (!at.node.IsMap()) fail(at, std::string("expected a mapping, got ") + type_name(at.node));
+
+  Deployment deployment;
+  Located id_at = at;
+  if (auto value = map.get("id")) {
+    id_at = *value;
+    deployment.id = read_non_empty_string(*value);
+  } else {
+    deployment.id = model_name + "-" + std::to_string(deployment_index);
+  }
+  auto [previous, inserted] = deployment_id_paths_.emplace(deployment.id, at.path);
+  if (!inserted) {
+    fail(join_path(at.path, "id"),
+         "duplicate deployment id '" + deployment.id + "' (already used by " + previous->second +
+             ")",
+         id_at.line);
+  }
+
+  Located url_at = map.require("base_url");
+  std::string why;
+  auto url = parse_url(read_string(url_at), why);
+  if (!url) fail(url_at, "invalid URL: " + why);
+  deployment.base_url = *std::move(url);
+
+  if (auto value = map.get("api_key")) {
+    deployment.api_key = read_string(*value);
+    // The key ends up in a request header; a stray newline would split it.
+    if (deployment.api_key.find_first_of("\r\n") != std::string::npos) {
+      fail(*value, "must not contain line breaks");
+    }
+  }
+  deployment.upstream_model = model_name;
+  if (auto value = map.get("model")) deployment.upstream_model = read_non_empty_string(*value);
+  if (auto value = map.get("headers")) read_headers(*value, deployment);
+  if (auto value = map.get("timeouts")) read_timeouts(*value, deployment.timeouts);
+  if (auto value = map.get("tls_verify")) deployment.tls_verify = read_bool(*value);
+  if (auto value = map.get("ca_file")) read_ca_file(*value, deployment);
+  if (auto value = map.get("weight")) deployment.weight = read_uint(*value, 1);
+  if (auto value = map.get("max_parallel")) deployment.max_parallel = read_uint(*value, 0);
+  if (auto value = map.get("rpm")) deployment.rpm = read_uint(*value, 0);
+  return deployment;
+}
+
+void Loader::read_timeouts(const Located& at, Timeouts& timeouts) const {
+  MappingReader map(at, {"connect", "ttft", "idle", "total"});
+  if (auto value = map.get("connect")) timeouts.connect = read_positive_duration(*value);
+  if (auto value = map.get("ttft")) timeouts.ttft = read_positive_duration(*value);
+  if (auto value = map.get("idle")) timeouts.idle = read_positive_duration(*value);
+  if (auto value = map.get("total")) timeouts.total = read_positive_duration(*value);
+}
+
+bool is_header_token_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) ||
+         std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+}
+
+std::string lower_ascii(std::string text) {
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+void Loader::read_headers(const Located& at, Deployment& deployment) const {
+  if (!at.node.IsMap()) fail(at, std::string("expected a mapping, got ") + type_name(at.node));
+  std::map<std::string, int> first_line_of_name;  // lower-cased: names are case-insensitive
+  for (auto it = at.node.begin(); it != at.node.end(); ++it) {
+    int key_line = line_of(it->first, at.line);
+    Located key_at{it->first, at.path, key_line};
+    std::string name = read_string(key_at);
+    std::string path = join_path(at.path, name);
+    key_at.path = path;
+    if (name.empty() || !std::all_of(name.begin(), name.end(), is_header_token_char)) {
+      fail(key_at, "invalid header name '" + name + "'");
+    }
+    std::string lowered = lower_ascii(name);
+    // These describe the connection or the body framing, which the gateway
+    // owns; overriding them would corrupt the upstream request.
+    for (std::string_view managed : {"host", "content-length", "transfer-encoding", "connection"}) {
+      if (lowered == managed) fail(key_at, "header '" + name + "' is set by the gateway");
+    }
+    auto [previous, inserted] = first_line_of_name.emplace(lowered, key_line);
+    if (!inserted) {
+      fail(key_at, "duplicate header '" + name + "' (first given at line " +
+                       std::to_string(previous->second) + ")");
+    }
+    YAML::Node value_node = it->second;
+    Located value_at{value_node, path,
+                     value_node.IsNull() ? key_line : line_of(value_node, key_line)};
+    std::string value = value_node.IsNull() ? std::string{} : read_string(value_at);
+    if (value.find_first_of(std::string_view("\r\n\0", 3)) != std::string::npos) {
+      fail(value_at, "header value must not contain line breaks or NUL");
+    }
+    deployment.headers.emplace_back(std::move(name), std::move(value));
+  }
+}
+
+void Loader::read_ca_file(const Located& at, Deployment& deployment) const {
+  std::string path = read_string(at);
+  if (path.empty()) return;  // explicit "" = system store only
+  // Checked now rather than at the first TLS handshake, which could be
+  // hours later and only for the one deployment.
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) fail(at, "CA file '" + path + "' does not exist");
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    fail(at, "CA file '" + path + "' is not a regular file");
+  }
+  std::ifstream file(path);
+  if (!file) fail(at, "CA file '" + path + "' cannot be read");
+  deployment.ca_file = path;
+}
+
+Config Loader::load(const Located& root) {
+  if (root.node.IsNull()) fail(root, "the document is empty; at least 'models' is required");
+  MappingReader map(root, {"server", "upstream", "router", "log", "models"});
+
+  Config config;
+  if (auto value = map.get("server")) {
+    read_server(*value, config.server);
+  } else {
+    read_server(Located{YAML::Node(), "server", root.line}, config.server);
+  }
+  if (auto value = map.get("upstream")) read_upstream(*value, config.upstream);
+  if (auto value = map.get("router")) read_router(*value, config.router);
+  if (auto value = map.get("log")) read_log(*value, config.log);
+  read_models(map.require("models"), config);
+  check_model_references(config);
+  return config;
+}
+
+ConfigPtr load_text(const std::string& text, EnvLookup env, const std::string& source) {
+  std::vector<YAML::Node> documents;
+  try {
+    documents = YAML::LoadAll(text);
+  } catch (const YAML::Exception& error) {
+    fail(source, "invalid YAML: " + error.msg, error.mark.is_null() ? 1 : error.mark.line + 1);
+  }
+  if (documents.empty()) fail("(root)", "the document is empty; at least 'models' is required", 1);
+  if (documents.size() > 1) {
+    fail("(root)", "expected a single YAML document, found " + std::to_string(documents.size()),
+         line_of(documents[1], 1));
+  }
+
+  Loader loader(std::move(env));
+  Located root{documents.front(), "", line_of(documents.front(), 1)};
+  try {
+    return std::make_shared<const Config>(loader.load(root));
+  } catch (const YAML::Exception& error) {
+    // Only reachable through a yaml-cpp corner case; still report it in the
+    // usual shape instead of leaking a foreign exception type.
+    fail("(root)", error.msg, error.mark.is_null() ? 1 : error.mark.line + 1);
+  }
+}
+
+}  // namespace
+
+std::optional<std::string> process_env(const std::string& name) {
+  const char* value = std::getenv(name.c_str());
+  if (value == nullptr) return std::nullopt;
+  return std::string(value);
+}
+
+ConfigPtr load_file(const std::string& path, EnvLookup env) {
+  // A directory opens fine as a stream on Linux and then reads as empty,
+  // which would surface as a baffling "document is empty".
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw ConfigError(path + ": cannot read file");
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw ConfigError(path + ": cannot read file");
+  std::string contents{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+  if (file.bad()) throw ConfigError(path + ": cannot read file");
+  return load_text(contents, std::move(env), path);
+}
+
+ConfigPtr load_string(const std::string& yaml_text, EnvLookup env) {
+  return load_text(yaml_text, std::move(env), "(root)");
+}
+
+}  // namespace sluice::config
