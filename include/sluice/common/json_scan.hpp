@@ -1,0 +1,26 @@
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace sluice {
+
+// Byte range [begin, end) of a JSON value inside a larger text.
+struct ValueSpan {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+};
+
+// Finds the value of `key` in the top-level object of `json` without building
+// a DOM, so a large body can be forwarded with one field replaced in place.
+// Keys are compared byte for byte (a key spelled with escapes is not found);
+// with duplicate keys the last one wins, as in nlohmann::json. Returns nullopt
+// when the text is not an object or the key is absent.
+std::optional<ValueSpan> find_top_level_value(std::string_view json, std::string_view key);
+
+// Appends `text` as a JSON string literal (quotes and escapes included).
+void append_json_string(std::string& out, std::string_view text);
+
+}  // namespace sluice

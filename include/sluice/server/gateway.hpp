@@ -1,0 +1,104 @@
+#pragma once
+
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sluice/config/config.hpp"
+#include "sluice/router/router.hpp"
+#include "sluice/upstream/client.hpp"
+
+namespace sluice::server {
+
+// Everything a request needs that belongs to one config generation. Requests
+// hold the snapshot they started with, so a reload never changes a request
+// midway.
+struct Snapshot {
+  config::ConfigPtr config;
+  std::shared_ptr<router::Router> router;
+  std::string models_json;  // GET /v1/models, rendered once
+
+  static std::shared_ptr<const Snapshot> build(config::ConfigPtr config,
+                                               const Snapshot* previous = nullptr);
+};
+
+class Gateway;
+
+// One event-loop thread with its own io_context and upstream pool. A client
+// connection lives on one worker for its whole life, so the per-connection
+// and per-pool state needs no locks and no strands.
+class Worker {
+ public:
+  Worker(Gateway& gateway, unsigned index);
+  ~Worker();
+
+  boost::asio::io_context& context() { return context_; }
+  upstream::Client& client() { return client_; }
+  upstream::Pool& pool() { return pool_; }
+  Gateway& gateway() { return gateway_; }
+  unsigned index() const { return index_; }
+  std::uint64_t next_random();
+
+ private:
+  friend class Gateway;
+  Gateway& gateway_;
+  unsigned index_;
+  // The pool is declared before the context so that it outlives the
+  // coroutine frames the context destroys, which may still give connections
+  // back to it.
+  upstream::Pool pool_;
+  upstream::Client client_;
+  boost::asio::io_context context_{1};
+  std::uint64_t random_state_;
+  std::thread thread_;
+};
+
+// The whole server: listener, workers, the current config snapshot. Used by
+// the binary and, in-process, by the integration tests.
+class Gateway {
+ public:
+  explicit Gateway(config::ConfigPtr config);
+  ~Gateway();
+  Gateway(const Gateway&) = delete;
+  Gateway& operator=(const Gateway&) = delete;
+
+  // Binds the listener (throws on failure) and starts the worker threads.
+  void start();
+  // Stops accepting, closes every connection and joins the threads.
+  void stop();
+
+  std::uint16_t port() const { return bound_port_; }
+  std::string listen_url() const;
+
+  std::shared_ptr<const Snapshot> snapshot() const { return snapshot_.load(); }
+  // Replaces the snapshot for new requests; in-flight ones finish on theirs.
+  void apply(config::ConfigPtr config);
+
+  std::atomic<unsigned>& open_connections() { return open_connections_; }
+  upstream::DnsCache& dns() { return dns_; }
+  upstream::TlsContexts& tls() { return tls_; }
+  std::vector<std::unique_ptr<Worker>>& workers() { return workers_; }
+
+ private:
+  void accept_loop_start();
+
+  std::atomic<std::shared_ptr<const Snapshot>> snapshot_;
+  upstream::DnsCache dns_;
+  upstream::TlsContexts tls_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
+  std::uint16_t bound_port_ = 0;
+  std::string bound_host_;
+  std::atomic<unsigned> open_connections_{0};
+  std::atomic<unsigned> next_worker_{0};
+  std::mutex lifecycle_mutex_;
+  bool running_ = false;
+};
+
+}  // namespace sluice::server

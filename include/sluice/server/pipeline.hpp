@@ -1,0 +1,56 @@
+#pragma once
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/message.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sluice/common/clock.hpp"
+#include "sluice/common/errors.hpp"
+#include "sluice/server/gateway.hpp"
+
+namespace sluice::server {
+
+using ClientRequest = boost::beast::http::request<boost::beast::http::string_body>;
+
+// What every stage reads and fills in for one request.
+struct RequestContext {
+  Worker& worker;
+  std::shared_ptr<const Snapshot> snapshot;
+  ClientRequest& request;
+  boost::beast::tcp_stream& client;
+  boost::beast::flat_buffer& client_buffer;  // may hold the next pipelined request
+  std::vector<char>& relay_buffer;           // reused by every request on the connection
+  bool keep_alive = true;
+
+  std::string request_id;
+  TimePoint head_started{};  // first byte of the request seen (or read started)
+  TimePoint body_read{};
+
+  // Filled by the stages.
+  const config::Model* model = nullptr;
+  bool stream = false;
+  unsigned attempts = 0;
+  std::string deployment_id;
+};
+
+// The only place that knows the order of the stages: route the path, parse
+// and check the body, plan the upstream attempts, send, relay.
+class Pipeline {
+ public:
+  // Returns whether the client connection may serve another request.
+  static boost::asio::awaitable<bool> handle(RequestContext& context);
+};
+
+// Writes a complete response with a JSON body.
+boost::asio::awaitable<bool> respond_json(RequestContext& context, unsigned status,
+                                          std::string_view body,
+                                          std::string_view extra_fields = {});
+boost::asio::awaitable<bool> respond_error(RequestContext& context, const ApiError& error,
+                                           std::string_view extra_fields = {});
+
+}  // namespace sluice::server

@@ -1,0 +1,54 @@
+#pragma once
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sluice/common/clock.hpp"
+#include "sluice/upstream/client.hpp"
+
+namespace sluice::stream {
+
+struct RelayOutcome {
+  // True when the upstream body was relayed to its end.
+  bool complete = false;
+  // True when nothing reached the client yet, so the caller may still fail
+  // over or answer with an error of its own.
+  bool nothing_sent = true;
+  bool client_failed = false;  // a write to the client failed
+  std::optional<upstream::UpstreamError> upstream_error;
+  std::uint64_t bytes_out = 0;
+  TimePoint first_write{};
+};
+
+// Relays an upstream response to the client as it is read: each read is
+// written at once, framed as an HTTP chunk around the upstream's bytes (never
+// re-serialised). The response head is sent together with the first body
+// bytes. If the upstream fails after that, an event-stream gets a final
+// `data: {"error":...}` event and a clean end; other bodies are cut off so the
+// client can tell.
+class Relay {
+ public:
+  Relay(boost::beast::tcp_stream& client, std::vector<char>& buffer,
+        std::chrono::milliseconds write_timeout)
+      : client_(client), buffer_(buffer), write_timeout_(write_timeout) {}
+
+  // `head_fields` are preformatted "Name: value\r\n" lines added to the
+  // upstream's own headers.
+  boost::asio::awaitable<RelayOutcome> run(upstream::Exchange& exchange,
+                                           std::string_view head_fields, bool keep_alive);
+
+ private:
+  boost::beast::tcp_stream& client_;
+  std::vector<char>& buffer_;
+  std::chrono::milliseconds write_timeout_;
+  std::string head_;
+};
+
+// The SSE event sent when a stream breaks after its first byte.
+std::string stream_error_event(std::string_view message, std::string_view code);
+
+}  // namespace sluice::stream

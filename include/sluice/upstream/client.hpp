@@ -1,0 +1,171 @@
+#pragma once
+
+#include <array>
+#include <boost/asio/awaitable.hpp>
+#include <boost/beast/http/buffer_body.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "sluice/common/clock.hpp"
+#include "sluice/common/errors.hpp"
+#include "sluice/common/result.hpp"
+#include "sluice/upstream/connection.hpp"
+#include "sluice/upstream/dns_cache.hpp"
+#include "sluice/upstream/origin.hpp"
+#include "sluice/upstream/pool.hpp"
+#include "sluice/upstream/tls_contexts.hpp"
+
+namespace sluice::upstream {
+
+enum class Failure {
+  dns,                 // name did not resolve
+  connect,             // refused, unreachable
+  connect_timeout,     // connect (with DNS and TLS) took longer than timeouts.connect
+  tls,                 // handshake or certificate verification failed
+  send,                // the request could not be written
+  first_byte_timeout,  // no response byte within timeouts.ttft
+  no_response,         // the connection closed before any response byte
+  bad_response,        // bytes that are not an HTTP/1.1 response
+  idle_timeout,        // a gap between two body reads longer than timeouts.idle
+  total_timeout,       // the whole exchange took longer than timeouts.total
+  body_interrupted,    // reset or truncated after the head
+  aborted,             // stopped from our side (client gone, hedge lost)
+};
+
+struct UpstreamError {
+  Failure failure;
+  error_code ec;
+
+  bool is_timeout() const {
+    return failure == Failure::connect_timeout || failure == Failure::first_byte_timeout ||
+           failure == Failure::idle_timeout || failure == Failure::total_timeout;
+  }
+  std::string describe() const;
+};
+
+const char* to_string(Failure failure);
+
+// What to send. The body is given in up to three pieces that are written as
+// one gather write, so a body with one field replaced needs no copy.
+struct Request {
+  std::string_view method = "POST";
+  std::string_view target;        // path and query, with the deployment's prefix
+  std::string_view extra_fields;  // preformatted "Name: value\r\n" lines
+  std::array<std::string_view, 3> body{};
+};
+
+struct Limits {
+  std::chrono::milliseconds connect{2000};
+  std::chrono::milliseconds ttft{10000};
+  std::chrono::milliseconds idle{30000};
+  TimePoint deadline = TimePoint::max();  // from timeouts.total
+};
+
+struct Timing {
+  TimePoint started{};
+  TimePoint connected{};  // TCP established (== started when reused)
+  TimePoint secured{};    // TLS handshake done (== connected for plain)
+  TimePoint sent{};
+  TimePoint first_byte{};  // response head received
+  bool reused = false;
+};
+
+// Lets another coroutine on the same thread stop the exchange that is running
+// (the client went away, a hedge won): the socket is closed, so whatever the
+// exchange awaits completes at once.
+class AbortHandle {
+ public:
+  void abort();
+  bool aborted() const { return aborted_; }
+
+ private:
+  friend class Client;
+  friend class Exchange;
+  Connection* connection_ = nullptr;
+  bool aborted_ = false;
+};
+
+// A request in flight whose response head has arrived. The body is read with
+// read_body; when the Exchange is destroyed the connection goes back to the
+// pool only if the response was read to its end and the upstream keeps it
+// alive — otherwise it is closed.
+class Exchange {
+ public:
+  using Parser = boost::beast::http::response_parser<boost::beast::http::buffer_body>;
+  using Head = boost::beast::http::response_header<>;
+
+  Exchange(Pool& pool, Limits limits, AbortHandle& abort_handle);
+  ~Exchange();
+  Exchange(const Exchange&) = delete;
+  Exchange& operator=(const Exchange&) = delete;
+
+  unsigned status() const { return parser_->get().result_int(); }
+  const Head& head() const { return parser_->get().base(); }
+  bool is_event_stream() const;
+  std::optional<std::uint64_t> content_length() const {
+    auto length = parser_->content_length();
+    return length ? std::optional<std::uint64_t>(*length) : std::nullopt;
+  }
+  bool finished() const { return parser_->is_done(); }
+  const Timing& timing() const { return timing_; }
+
+  // Reads the next part of the body into [data, data + capacity): the number
+  // of bytes read, 0 once the body is complete.
+  boost::asio::awaitable<Result<std::size_t, UpstreamError>> read_body(char* data,
+                                                                       std::size_t capacity);
+
+  // Closes the connection now; it will not be reused.
+  void abort();
+
+ private:
+  friend class Client;
+  UpstreamError classify(const error_code& ec, bool expecting_head) const;
+  void reset_parser();
+
+  Pool& pool_;
+  Limits limits_;
+  AbortHandle& abort_handle_;
+  std::unique_ptr<Connection> connection_;
+  std::optional<Parser> parser_;  // fresh for every round of Client::start
+  Timing timing_;
+  std::string head_text_;
+  bool failed_ = false;
+};
+
+struct ClientDeps {
+  Pool& pool;
+  DnsCache& dns;
+  TlsContexts& tls;
+};
+
+// A generic HTTP/1.1 client over the pool: knows nothing of routing or auth.
+class Client {
+ public:
+  explicit Client(ClientDeps deps) : deps_(deps) {}
+
+  // Sends the request and waits for the response head. A pooled connection
+  // that turns out dead before any response byte is replaced by a fresh one
+  // once.
+  boost::asio::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> start(
+      const Origin& origin, const Request& request, const Limits& limits,
+      AbortHandle& abort_handle);
+
+  // Opens a connection and parks it in the pool, so the first request pays no
+  // handshake.
+  boost::asio::awaitable<std::optional<UpstreamError>> warm(const Origin& origin,
+                                                            const Limits& limits);
+
+  Pool& pool() { return deps_.pool; }
+
+ private:
+  boost::asio::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> connect(
+      const Origin& origin, const Limits& limits, AbortHandle& abort_handle, Timing& timing);
+
+  ClientDeps deps_;
+};
+
+}  // namespace sluice::upstream

@@ -1,0 +1,63 @@
+#pragma once
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
+#include <optional>
+#include <string>
+
+#include "sluice/common/clock.hpp"
+
+namespace sluice::upstream {
+
+// One upstream socket, plain or TLS, with the read buffer that belongs to it.
+// It models Asio's AsyncReadStream/AsyncWriteStream, so Beast's HTTP
+// algorithms run on it without caring which of the two it is.
+class Connection {
+ public:
+  using executor_type = boost::asio::any_io_executor;
+
+  Connection(executor_type executor, std::string origin_key);
+  Connection(executor_type executor, std::string origin_key, boost::asio::ssl::context& tls);
+
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  executor_type get_executor() { return tcp().get_executor(); }
+
+  template <class MutableBuffers, class Token>
+  auto async_read_some(const MutableBuffers& buffers, Token&& token) {
+    if (tls_) return tls_->async_read_some(buffers, std::forward<Token>(token));
+    return plain_->async_read_some(buffers, std::forward<Token>(token));
+  }
+
+  template <class ConstBuffers, class Token>
+  auto async_write_some(const ConstBuffers& buffers, Token&& token) {
+    if (tls_) return tls_->async_write_some(buffers, std::forward<Token>(token));
+    return plain_->async_write_some(buffers, std::forward<Token>(token));
+  }
+
+  boost::beast::tcp_stream& tcp() { return tls_ ? tls_->next_layer() : *plain_; }
+  boost::beast::ssl_stream<boost::beast::tcp_stream>* tls_stream() {
+    return tls_ ? &*tls_ : nullptr;
+  }
+  boost::beast::flat_buffer& read_buffer() { return read_buffer_; }
+  const std::string& origin_key() const { return origin_key_; }
+
+  // Closes the socket; pending operations complete with operation_aborted.
+  void close();
+  bool is_open();
+
+  TimePoint idle_since{};
+  unsigned exchanges = 0;  // completed request/response pairs
+
+ private:
+  std::string origin_key_;
+  std::optional<boost::beast::tcp_stream> plain_;
+  std::optional<boost::beast::ssl_stream<boost::beast::tcp_stream>> tls_;
+  boost::beast::flat_buffer read_buffer_;
+};
+
+}  // namespace sluice::upstream

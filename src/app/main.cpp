@@ -1,0 +1,122 @@
+// sluice: an OpenAI-compatible gateway that routes to the fastest healthy
+// upstream and relays streamed tokens as they arrive.
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <spdlog/spdlog.h>
+#include <string>
+
+#include "sluice/common/logging.hpp"
+#include "sluice/common/version.hpp"
+#include "sluice/config/config.hpp"
+#include "sluice/server/gateway.hpp"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: sluice [--config FILE] [--check-config FILE] [--version] [--help]
+
+  --config FILE        run the gateway with this YAML config (default: $SLUICE_CONFIG)
+  --check-config FILE  validate the config, print the first error, exit non-zero if invalid
+  --version            print the version
+  --help               print this help
+
+Signals: SIGTERM/SIGINT stop the gateway, SIGHUP reloads the config file.
+)";
+
+int check_config(const std::string& path) {
+  try {
+    auto config = sluice::config::load_file(path);
+    std::printf("%s: ok (%zu models)\n", path.c_str(), config->models.size());
+    return 0;
+  } catch (const sluice::config::ConfigError& error) {
+    std::fprintf(stderr, "%s\n", error.what());
+    return 1;
+  }
+}
+
+int run(const std::string& path) {
+  sluice::config::ConfigPtr config;
+  try {
+    config = sluice::config::load_file(path);
+  } catch (const sluice::config::ConfigError& error) {
+    std::fprintf(stderr, "sluice: invalid config: %s\n", error.what());
+    return 1;
+  }
+  sluice::init_logging(config->log.level);
+
+  sluice::server::Gateway gateway(config);
+  try {
+    gateway.start();
+  } catch (const std::exception& error) {
+    spdlog::critical("cannot start: {}", error.what());
+    spdlog::shutdown();
+    return 1;
+  }
+  std::printf("sluice listening on %s\n", gateway.listen_url().c_str());
+  std::fflush(stdout);
+  spdlog::info("sluice {} listening on {} with {} threads, {} models", sluice::kVersion,
+               gateway.listen_url(), gateway.workers().size(), config->models.size());
+
+  boost::asio::io_context signals_context;
+  boost::asio::signal_set signals(signals_context, SIGINT, SIGTERM, SIGHUP);
+  std::function<void(const sluice::error_code&, int)> on_signal =
+      [&](const sluice::error_code& ec, int signal) {
+        if (ec) return;
+        if (signal == SIGHUP) {
+          try {
+            gateway.apply(sluice::config::load_file(path));
+            spdlog::info("config reloaded from {}", path);
+          } catch (const sluice::config::ConfigError& error) {
+            spdlog::error("config reload rejected, still serving the previous one: {}",
+                          error.what());
+          }
+          signals.async_wait(on_signal);
+          return;
+        }
+        spdlog::info("signal {} received, stopping", signal);
+        gateway.stop();
+      };
+  signals.async_wait(on_signal);
+  signals_context.run();
+  spdlog::shutdown();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string config_path;
+  if (const char* from_env = std::getenv("SLUICE_CONFIG")) config_path = from_env;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "sluice: %s needs a value\n%s", arg.c_str(), kUsage);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (arg == "--version") {
+      std::printf("sluice %s\n", sluice::kVersion);
+      return 0;
+    } else if (arg == "--check-config") {
+      return check_config(value());
+    } else if (arg == "--config" || arg == "-c") {
+      config_path = value();
+    } else {
+      std::fprintf(stderr, "sluice: unknown argument %s\n%s", arg.c_str(), kUsage);
+      return 2;
+    }
+  }
+  if (config_path.empty()) {
+    std::fprintf(stderr, "sluice: no config given (use --config FILE or SLUICE_CONFIG)\n%s",
+                 kUsage);
+    return 2;
+  }
+  return run(config_path);
+}

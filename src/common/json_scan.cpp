@@ -1,0 +1,137 @@
+#include "sluice/common/json_scan.hpp"
+
+#include <cstdio>
+
+namespace sluice {
+namespace {
+
+class Scanner {
+ public:
+  explicit Scanner(std::string_view text) : text_(text) {}
+
+  void skip_whitespace() {
+    while (pos_ < text_.size() &&
+           (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' ||
+            text_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+
+  bool consume(char c) {
+    skip_whitespace();
+    if (pos_ < text_.size() && text_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+
+  bool at(char c) {
+    skip_whitespace();
+    return pos_ < text_.size() && text_[pos_] == c;
+  }
+
+  // On success pos_ is just past the closing quote.
+  bool skip_string() {
+    if (pos_ >= text_.size() || text_[pos_] != '"') return false;
+    for (++pos_; pos_ < text_.size(); ++pos_) {
+      if (text_[pos_] == '\\') {
+        ++pos_;
+      } else if (text_[pos_] == '"') {
+        ++pos_;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Skips any value; nesting is tracked with a counter because only brackets
+  // and strings matter for finding where the value ends.
+  bool skip_value() {
+    skip_whitespace();
+    if (pos_ >= text_.size()) return false;
+    char c = text_[pos_];
+    if (c == '"') return skip_string();
+    if (c == '{' || c == '[') {
+      std::size_t depth = 0;
+      while (pos_ < text_.size()) {
+        char d = text_[pos_];
+        if (d == '"') {
+          if (!skip_string()) return false;
+          continue;
+        }
+        if (d == '{' || d == '[') ++depth;
+        if (d == '}' || d == ']') {
+          if (--depth == 0) {
+            ++pos_;
+            return true;
+          }
+        }
+        ++pos_;
+      }
+      return false;
+    }
+    // number, true, false, null
+    std::size_t start = pos_;
+    while (pos_ < text_.size() && text_[pos_] != ',' && text_[pos_] != '}' &&
+           text_[pos_] != ']' && text_[pos_] != ' ' && text_[pos_] != '\n' &&
+           text_[pos_] != '\r' && text_[pos_] != '\t') {
+      ++pos_;
+    }
+    return pos_ > start;
+  }
+
+  std::size_t pos() const { return pos_; }
+  std::string_view text() const { return text_; }
+
+ private:
+  std::string_view text_;
+  std::size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::optional<ValueSpan> find_top_level_value(std::string_view json, std::string_view key) {
+  Scanner scanner(json);
+  if (!scanner.consume('{')) return std::nullopt;
+  std::optional<ValueSpan> found;
+  if (scanner.consume('}')) return std::nullopt;
+  for (;;) {
+    if (!scanner.at('"')) return std::nullopt;
+    std::size_t key_begin = scanner.pos() + 1;
+    if (!scanner.skip_string()) return std::nullopt;
+    std::string_view this_key = json.substr(key_begin, scanner.pos() - 1 - key_begin);
+    if (!scanner.consume(':')) return std::nullopt;
+    scanner.skip_whitespace();
+    std::size_t value_begin = scanner.pos();
+    if (!scanner.skip_value()) return std::nullopt;
+    if (this_key == key) found = ValueSpan{value_begin, scanner.pos()};
+    if (scanner.consume(',')) continue;
+    if (scanner.consume('}')) return found;
+    return std::nullopt;
+  }
+}
+
+void append_json_string(std::string& out, std::string_view text) {
+  out.push_back('"');
+  for (char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char escaped[8];
+          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned char>(c));
+          out += escaped;
+        } else {
+          out.push_back(c);
+        }
+    }
+  }
+  out.push_back('"');
+}
+
+}  // namespace sluice

@@ -1,0 +1,17 @@
+#include "sluice/common/logging.hpp"
+
+#include <spdlog/async.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+namespace sluice {
+
+void init_logging(const std::string& level) {
+  if (!spdlog::thread_pool()) spdlog::init_thread_pool(8192, 1);
+  auto logger = spdlog::create_async_nb<spdlog::sinks::stderr_sink_mt>("sluice");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(level));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+}
+
+}  // namespace sluice

@@ -1,0 +1,153 @@
+#include "sluice/server/gateway.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <spdlog/spdlog.h>
+
+#include "sluice/server/session.hpp"
+
+namespace sluice::server {
+
+namespace net = boost::asio;
+using net::as_tuple;
+using net::use_awaitable;
+using net::ip::tcp;
+
+std::shared_ptr<const Snapshot> Snapshot::build(config::ConfigPtr config, const Snapshot* previous) {
+  auto snapshot = std::make_shared<Snapshot>();
+  snapshot->router =
+      std::make_shared<router::Router>(config, previous ? previous->router.get() : nullptr);
+  nlohmann::json data = nlohmann::json::array();
+  for (const auto& model : config->models) {
+    data.push_back(
+        {{"id", model.name}, {"object", "model"}, {"created", 0}, {"owned_by", "sluice"}});
+  }
+  snapshot->models_json = nlohmann::json{{"object", "list"}, {"data", std::move(data)}}.dump();
+  snapshot->config = std::move(config);
+  return snapshot;
+}
+
+Worker::Worker(Gateway& gateway, unsigned index)
+    : gateway_(gateway),
+      index_(index),
+      pool_(upstream::PoolOptions{gateway.snapshot()->config->upstream.max_idle_per_origin,
+                                  gateway.snapshot()->config->upstream.idle_expiry}),
+      client_(upstream::ClientDeps{pool_, gateway.dns(), gateway.tls()}),
+      random_state_(std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32) | 1) {}
+
+Worker::~Worker() {
+  context_.stop();
+  if (thread_.joinable()) thread_.join();
+  pool_.shut_down();
+}
+
+std::uint64_t Worker::next_random() {
+  // xorshift64*: per-worker, so no shared state on the request path.
+  random_state_ ^= random_state_ >> 12;
+  random_state_ ^= random_state_ << 25;
+  random_state_ ^= random_state_ >> 27;
+  return random_state_ * 2685821657736338717ULL;
+}
+
+Gateway::Gateway(config::ConfigPtr config)
+    : snapshot_(Snapshot::build(config)), dns_(config->upstream.dns_ttl) {}
+
+Gateway::~Gateway() { stop(); }
+
+std::string Gateway::listen_url() const {
+  bool ipv6 = bound_host_.find(':') != std::string::npos;
+  return "http://" + (ipv6 ? "[" + bound_host_ + "]" : bound_host_) + ":" +
+         std::to_string(bound_port_);
+}
+
+void Gateway::apply(config::ConfigPtr config) {
+  auto previous = snapshot_.load();
+  snapshot_.store(Snapshot::build(std::move(config), previous.get()));
+}
+
+namespace {
+
+net::awaitable<void> accept_connections(Gateway& gateway, tcp::acceptor& acceptor) {
+  auto& workers = gateway.workers();
+  std::size_t next = 0;
+  for (;;) {
+    auto& worker = *workers[next++ % workers.size()];
+    auto [ec, socket] =
+        co_await acceptor.async_accept(worker.context(), as_tuple(use_awaitable));
+    if (ec == net::error::operation_aborted || !acceptor.is_open()) co_return;
+    if (ec) {
+      // Out of descriptors or a connection reset while queued: pause briefly
+      // rather than spin, then keep accepting.
+      spdlog::warn("accept failed: {}", ec.message());
+      net::steady_timer pause(acceptor.get_executor(), std::chrono::milliseconds(10));
+      co_await pause.async_wait(as_tuple(use_awaitable));
+      continue;
+    }
+    auto limit = gateway.snapshot()->config->server.max_connections;
+    if (gateway.open_connections().load(std::memory_order_relaxed) >= limit) {
+      net::co_spawn(worker.context(), refuse_connection(std::move(socket)), net::detached);
+      continue;
+    }
+    gateway.open_connections().fetch_add(1, std::memory_order_relaxed);
+    net::co_spawn(worker.context(), serve_connection(worker, std::move(socket)), net::detached);
+  }
+}
+
+net::awaitable<void> sweep_idle_connections(Worker& worker) {
+  net::steady_timer timer(worker.context());
+  for (;;) {
+    auto expiry = worker.pool().options().idle_expiry;
+    timer.expires_after(std::max<std::chrono::milliseconds>(expiry / 2, std::chrono::milliseconds(250)));
+    auto [ec] = co_await timer.async_wait(as_tuple(use_awaitable));
+    if (ec) co_return;
+    worker.pool().close_expired(Clock::now());
+  }
+}
+
+}  // namespace
+
+void Gateway::start() {
+  std::lock_guard lock(lifecycle_mutex_);
+  if (running_) return;
+  auto config = snapshot()->config;
+  unsigned threads = std::max(1u, config->server.threads);
+  for (unsigned i = 0; i < threads; ++i) workers_.push_back(std::make_unique<Worker>(*this, i));
+
+  auto& accept_context = workers_[0]->context();
+  tcp::endpoint endpoint(net::ip::make_address(config->server.listen_host),
+                         config->server.listen_port);
+  acceptor_ = std::make_unique<tcp::acceptor>(accept_context);
+  acceptor_->open(endpoint.protocol());
+  acceptor_->set_option(net::socket_base::reuse_address(true));
+  acceptor_->bind(endpoint);
+  acceptor_->listen(net::socket_base::max_listen_connections);
+  bound_port_ = acceptor_->local_endpoint().port();
+  bound_host_ = acceptor_->local_endpoint().address().to_string();
+
+  net::co_spawn(accept_context, accept_connections(*this, *acceptor_), net::detached);
+  for (auto& worker : workers_) {
+    net::co_spawn(worker->context(), sweep_idle_connections(*worker), net::detached);
+    worker->thread_ = std::thread([&context = worker->context()] { context.run(); });
+  }
+  running_ = true;
+}
+
+void Gateway::stop() {
+  std::lock_guard lock(lifecycle_mutex_);
+  if (!running_) return;
+  running_ = false;
+  for (auto& worker : workers_) worker->context().stop();
+  for (auto& worker : workers_) {
+    if (worker->thread_.joinable()) worker->thread_.join();
+  }
+  acceptor_.reset();
+  workers_.clear();
+}
+
+}  // namespace sluice::server

@@ -1,0 +1,368 @@
+#include "sluice/server/pipeline.hpp"
+
+#include <array>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <charconv>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "sluice/common/http_head.hpp"
+#include "sluice/common/json_scan.hpp"
+#include "sluice/stream/client_watch.hpp"
+#include "sluice/stream/relay.hpp"
+#include "sluice/upstream/client.hpp"
+
+namespace sluice::server {
+
+namespace net = boost::asio;
+namespace http = boost::beast::http;
+using net::as_tuple;
+using net::use_awaitable;
+using namespace std::chrono_literals;
+
+namespace {
+
+// The OpenAI endpoints sluice proxies; the path after /v1 is appended to the
+// deployment's base URL.
+constexpr std::string_view kProxiedEndpoints[] = {"/chat/completions", "/completions",
+                                                  "/embeddings", "/responses"};
+
+std::optional<std::string_view> proxied_endpoint(std::string_view path) {
+  constexpr std::string_view kPrefix = "/v1";
+  if (!path.starts_with(kPrefix)) return std::nullopt;
+  auto rest = path.substr(kPrefix.size());
+  for (auto endpoint : kProxiedEndpoints) {
+    if (rest == endpoint) return endpoint;
+  }
+  return std::nullopt;
+}
+
+// Client headers that must not travel upstream: framing and hop-by-hop
+// headers, the client's own credentials, and encodings the relay could not
+// inspect.
+bool is_withheld_from_upstream(std::string_view name) {
+  return is_hop_by_hop_header(name) || iequals(name, "authorization") ||
+         iequals(name, "api-key") || iequals(name, "x-api-key") || iequals(name, "expect") ||
+         iequals(name, "accept-encoding") || iequals(name, "x-request-id");
+}
+
+std::string forwarded_fields(const ClientRequest& request, std::string_view request_id) {
+  std::string fields;
+  fields.reserve(512);
+  for (const auto& field : request) {
+    auto name = field.name_string();
+    std::string_view name_view(name.data(), name.size());
+    if (is_withheld_from_upstream(name_view)) continue;
+    fields.append(name_view).append(": ");
+    fields.append(field.value().data(), field.value().size()).append("\r\n");
+  }
+  fields.append("x-request-id: ").append(request_id).append("\r\n");
+  return fields;
+}
+
+std::string deployment_fields(const config::Deployment& deployment) {
+  std::string fields;
+  for (const auto& [name, value] : deployment.headers) {
+    fields.append(name).append(": ").append(value).append("\r\n");
+  }
+  if (!deployment.api_key.empty()) {
+    fields.append("Authorization: Bearer ").append(deployment.api_key).append("\r\n");
+  }
+  return fields;
+}
+
+std::optional<std::chrono::milliseconds> retry_after(const upstream::Exchange& exchange) {
+  auto it = exchange.head().find(http::field::retry_after);
+  if (it == exchange.head().end()) return std::nullopt;
+  auto value = it->value();
+  unsigned seconds = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds);
+  if (ec != std::errc()) return std::nullopt;
+  return std::chrono::seconds(seconds);
+}
+
+// Reads a (small) error body whole, so it can be classified and, when it is
+// returned to the client, sent with a Content-Length.
+net::awaitable<std::string> read_error_body(upstream::Exchange& exchange, std::vector<char>& buffer) {
+  constexpr std::size_t kMaxErrorBody = 256 * 1024;
+  std::string body;
+  while (body.size() < kMaxErrorBody) {
+    auto read = co_await exchange.read_body(buffer.data(), buffer.size());
+    if (!read || read.value() == 0) break;
+    body.append(buffer.data(), read.value());
+  }
+  co_return body;
+}
+
+// An upstream's error body may quote the key it was sent; it never reaches
+// the client.
+void redact(std::string& text, const std::string& secret) {
+  if (secret.size() < 4) return;
+  for (auto pos = text.find(secret); pos != std::string::npos; pos = text.find(secret, pos)) {
+    text.replace(pos, secret.size(), "***");
+    pos += 3;
+  }
+}
+
+std::string sluice_fields(const RequestContext& context) {
+  std::string fields;
+  fields.append("x-request-id: ").append(context.request_id).append("\r\n");
+  if (!context.deployment_id.empty()) {
+    fields.append("x-sluice-deployment: ").append(context.deployment_id).append("\r\n");
+  }
+  if (context.attempts > 0) {
+    fields.append("x-sluice-attempts: ").append(std::to_string(context.attempts)).append("\r\n");
+  }
+  return fields;
+}
+
+net::awaitable<bool> write_response(RequestContext& context, unsigned status,
+                                    std::string_view content_type, std::string_view body,
+                                    std::string_view extra_fields) {
+  std::string head;
+  HeadWriter writer(head);
+  writer.status_line(status)
+      .field("Content-Type", content_type)
+      .field("Content-Length", body.size())
+      .raw_fields(extra_fields);
+  if (!context.keep_alive) writer.field("Connection", "close");
+  writer.finish();
+  bool head_only = context.request.method() == http::verb::head;
+  std::array<net::const_buffer, 2> wire = {net::buffer(head),
+                                           net::buffer(head_only ? std::string_view() : body)};
+  context.client.expires_after(30s);
+  auto [ec, n] = co_await net::async_write(context.client, wire, as_tuple(use_awaitable));
+  co_return !ec && context.keep_alive;
+}
+
+struct ProxyInputs {
+  std::string_view endpoint;
+  std::string_view query;
+  std::string forward_fields;
+  // The body is forwarded as [prefix, upstream model literal, suffix].
+  std::string_view body_prefix;
+  std::string_view body_suffix;
+};
+
+net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
+                           stream::ClientWatch& watch) {
+  auto& worker = context.worker;
+  auto plan = context.snapshot->router->plan(*context.model, context.stream, worker.next_random());
+  std::optional<ApiError> last_error;
+
+  while (auto attempt = plan.next(Clock::now())) {
+    ++context.attempts;
+    if (attempt->wait > 0ms) {
+      net::steady_timer pause(context.client.get_executor(), attempt->wait);
+      co_await pause.async_wait(as_tuple(use_awaitable));
+      if (watch.client_gone()) {
+        plan.abandon(*attempt);
+        co_return false;
+      }
+    }
+    const auto& deployment = *attempt->deployment;
+    context.deployment_id = deployment.id;
+
+    std::string model_literal;
+    append_json_string(model_literal, deployment.upstream_model);
+    std::string target = deployment.base_url.path_prefix;
+    target.append(inputs.endpoint).append(inputs.query);
+    std::string fields = inputs.forward_fields + deployment_fields(deployment);
+    upstream::Request request{"POST", target, fields,
+                              {inputs.body_prefix, model_literal, inputs.body_suffix}};
+    auto started_at = Clock::now();
+    upstream::Limits limits{deployment.timeouts.connect, deployment.timeouts.ttft,
+                            deployment.timeouts.idle, started_at + deployment.timeouts.total};
+
+    upstream::AbortHandle abort_handle;
+    watch.watch(&abort_handle);
+    auto started = co_await worker.client().start(upstream::Origin::from(deployment), request,
+                                                  limits, abort_handle);
+    if (!started) {
+      watch.unwatch(&abort_handle);
+      const auto& error = started.error();
+      if (watch.client_gone()) {
+        plan.abandon(*attempt);
+        co_return false;
+      }
+      spdlog::debug("request {}: deployment {} failed: {}", context.request_id, deployment.id,
+                    error.describe());
+      plan.report(*attempt, {router::ResultKind::retriable, error.is_timeout(), std::nullopt, std::nullopt},
+                  Clock::now());
+      std::string message = "Upstream deployment " + deployment.id + " failed: " + error.describe();
+      last_error = error.is_timeout() ? ApiError::upstream_timeout(std::move(message))
+                                      : ApiError::upstream_unreachable(std::move(message));
+      continue;
+    }
+
+    auto& exchange = *started.value();
+    auto ttft = std::chrono::duration_cast<router::Micros>(exchange.timing().first_byte -
+                                                           exchange.timing().sent);
+    if (exchange.status() >= 400) {
+      std::string body = co_await read_error_body(exchange, context.relay_buffer);
+      watch.unwatch(&abort_handle);
+      if (watch.client_gone()) {
+        plan.abandon(*attempt);
+        co_return false;
+      }
+      router::AttemptResult result{router::classify_status(exchange.status(), body), false, ttft,
+                                   retry_after(exchange)};
+      plan.report(*attempt, result, Clock::now());
+      if (result.kind != router::ResultKind::client_error && plan.can_retry()) continue;
+      redact(body, deployment.api_key);
+      auto content_type = exchange.head()[http::field::content_type];
+      std::string extra = sluice_fields(context);
+      if (result.retry_after) {
+        extra.append("Retry-After: ")
+            .append(std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                                        *result.retry_after)
+                                        .count()))
+            .append("\r\n");
+      }
+      co_return co_await write_response(
+          context, exchange.status(),
+          content_type.empty() ? std::string_view("application/json")
+                               : std::string_view(content_type.data(), content_type.size()),
+          body, extra);
+    }
+
+    plan.report(*attempt, {router::ResultKind::success, false, ttft, std::nullopt}, Clock::now());
+    stream::Relay relay(context.client, context.relay_buffer, deployment.timeouts.idle);
+    auto outcome = co_await relay.run(exchange, sluice_fields(context), context.keep_alive);
+    watch.unwatch(&abort_handle);
+    plan.finish(*attempt, outcome.complete,
+                std::chrono::duration_cast<router::Micros>(Clock::now() - started_at),
+                Clock::now());
+    if (outcome.nothing_sent && outcome.upstream_error && !watch.client_gone()) {
+      // The upstream broke between its head and its first body byte: the
+      // client has seen nothing yet, so it still gets a proper error.
+      auto error = *outcome.upstream_error;
+      std::string message = "Upstream deployment " + deployment.id + " failed: " + error.describe();
+      co_return co_await respond_error(context, error.is_timeout()
+                                                    ? ApiError::upstream_timeout(message)
+                                                    : ApiError::upstream_unreachable(message));
+    }
+    co_return outcome.complete && context.keep_alive;
+  }
+
+  if (watch.client_gone()) co_return false;
+  if (!last_error) {
+    // No attempt could be made: every deployment is at its limits.
+    co_return co_await respond_error(
+        context,
+        ApiError::overloaded("No deployment of model `" + context.model->name +
+                             "` can take the request now (all at max_parallel or rpm)."),
+        "Retry-After: 1\r\n");
+  }
+  co_return co_await respond_error(context, *last_error);
+}
+
+}  // namespace
+
+net::awaitable<bool> respond_json(RequestContext& context, unsigned status, std::string_view body,
+                                  std::string_view extra_fields) {
+  std::string fields = sluice_fields(context);
+  fields.append(extra_fields);
+  co_return co_await write_response(context, status, "application/json", body, fields);
+}
+
+net::awaitable<bool> respond_error(RequestContext& context, const ApiError& error,
+                                   std::string_view extra_fields) {
+  co_return co_await respond_json(context, error.status, error.to_json(), extra_fields);
+}
+
+net::awaitable<bool> Pipeline::handle(RequestContext& context) {
+  auto& request = context.request;
+  std::string_view target(request.target().data(), request.target().size());
+  auto query_start = target.find('?');
+  std::string_view path = target.substr(0, query_start);
+  std::string_view query = query_start == std::string_view::npos ? std::string_view()
+                                                                 : target.substr(query_start);
+  auto method = request.method();
+
+  if (path == "/health") {
+    if (method != http::verb::get && method != http::verb::head) {
+      co_return co_await respond_error(context, ApiError::method_not_allowed(request.method_string(), path), "Allow: GET, HEAD\r\n");
+    }
+    co_return co_await respond_json(context, 200, R"({"status":"ok"})");
+  }
+  if (path == "/v1/models") {
+    if (method != http::verb::get && method != http::verb::head) {
+      co_return co_await respond_error(context, ApiError::method_not_allowed(request.method_string(), path), "Allow: GET, HEAD\r\n");
+    }
+    co_return co_await respond_json(context, 200, context.snapshot->models_json);
+  }
+  auto endpoint = proxied_endpoint(path);
+  if (!endpoint) co_return co_await respond_error(context, ApiError::unknown_path(path));
+  if (method != http::verb::post) {
+    co_return co_await respond_error(
+        context, ApiError::method_not_allowed(request.method_string(), path), "Allow: POST\r\n");
+  }
+
+  const std::string& body = request.body();
+  auto json = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) {
+    co_return co_await respond_error(
+        context, ApiError::invalid_request(
+                     "We could not parse the JSON body of your request. The body must be valid "
+                     "JSON (UTF-8).",
+                     "", "invalid_json"));
+  }
+  if (!json.is_object()) {
+    co_return co_await respond_error(
+        context, ApiError::invalid_request("The request body must be a JSON object.", "",
+                                           "invalid_type"));
+  }
+  auto model_field = json.find("model");
+  if (model_field == json.end()) {
+    co_return co_await respond_error(
+        context, ApiError::invalid_request("You must provide a model parameter.", "model",
+                                           "missing_required_parameter"));
+  }
+  if (!model_field->is_string()) {
+    co_return co_await respond_error(
+        context,
+        ApiError::invalid_request("The model parameter must be a string.", "model", "invalid_type"));
+  }
+  const auto& model_name = model_field->get_ref<const std::string&>();
+  context.model = context.snapshot->config->find_model(model_name);
+  if (!context.model) {
+    co_return co_await respond_error(context, ApiError::model_not_found(model_name));
+  }
+  auto stream_field = json.find("stream");
+  context.stream = stream_field != json.end() && stream_field->is_boolean() &&
+                   stream_field->get<bool>();
+
+  ProxyInputs inputs;
+  inputs.endpoint = *endpoint;
+  inputs.query = query;
+  inputs.forward_fields = forwarded_fields(request, context.request_id);
+  // Only `model` changes on the way upstream: splice it in place rather than
+  // re-serialising the whole body.
+  std::string respliced;
+  if (auto span = find_top_level_value(body, "model")) {
+    inputs.body_prefix = std::string_view(body).substr(0, span->begin);
+    inputs.body_suffix = std::string_view(body).substr(span->end);
+  } else {
+    // A key spelled with escapes: fall back to the parsed document.
+    json.erase("model");
+    respliced = json.dump();
+    respliced.insert(1, R"("model":)");
+    auto model_end = 1 + std::string_view(R"("model":)").size();
+    respliced.insert(model_end, respliced.size() > model_end + 1 ? "," : "");
+    inputs.body_prefix = std::string_view(respliced).substr(0, model_end);
+    inputs.body_suffix = std::string_view(respliced).substr(model_end);
+  }
+
+  stream::ClientWatch watch(context.client, context.client_buffer);
+  watch.start();
+  bool keep = co_await proxy(context, inputs, watch);
+  co_await watch.stop();
+  co_return keep && !watch.client_gone();
+}
+
+}  // namespace sluice::server

@@ -1,0 +1,137 @@
+#include "sluice/server/session.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <cstdio>
+#include <optional>
+#include <spdlog/spdlog.h>
+
+#include "sluice/common/errors.hpp"
+#include "sluice/server/gateway.hpp"
+#include "sluice/server/pipeline.hpp"
+
+namespace sluice::server {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using net::as_tuple;
+using net::use_awaitable;
+
+namespace {
+
+// A client-supplied id is kept when it is short and printable; otherwise one
+// is made up.
+std::string request_id_for(const ClientRequest& request, Worker& worker) {
+  auto given = request["x-request-id"];
+  if (!given.empty() && given.size() <= 128) {
+    bool printable = true;
+    for (char c : given) printable = printable && c > 0x20 && c < 0x7f;
+    if (printable) return std::string(given.data(), given.size());
+  }
+  char id[24];
+  std::snprintf(id, sizeof id, "req_%016llx", static_cast<unsigned long long>(worker.next_random()));
+  return id;
+}
+
+// Which error a failed read of a request maps to; nullopt = close quietly
+// (the client left or was too slow).
+std::optional<ApiError> read_error_response(const error_code& ec, const config::Server& limits) {
+  if (ec == http::error::header_limit) return ApiError::headers_too_large();
+  if (ec == http::error::body_limit) return ApiError::body_too_large(limits.max_body_bytes);
+  if (ec == beast::error::timeout || is_benign_network_error(ec)) return std::nullopt;
+  return ApiError::invalid_request("Malformed HTTP request: " + ec.message() + ".", "",
+                                   "bad_request");
+}
+
+// Answers before any request has been parsed (no RequestContext yet).
+net::awaitable<void> write_plain_error(beast::tcp_stream& client, const ApiError& error) {
+  std::string body = error.to_json();
+  std::string response = "HTTP/1.1 " + std::to_string(error.status) + " " +
+                         std::string(http::obsolete_reason(static_cast<http::status>(error.status))) +
+                         "\r\nContent-Type: application/json\r\nContent-Length: " +
+                         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  client.expires_after(std::chrono::seconds(5));
+  co_await net::async_write(client, net::buffer(response), as_tuple(use_awaitable));
+}
+
+}  // namespace
+
+net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socket) {
+  auto& gateway = worker.gateway();
+  error_code ignored;
+  socket.set_option(net::ip::tcp::no_delay(true), ignored);
+  beast::tcp_stream client(std::move(socket));
+  beast::flat_buffer buffer;
+  std::vector<char> relay_buffer(16 * 1024);
+
+  for (bool first = true;; first = false) {
+    auto snapshot = gateway.snapshot();
+    const auto& limits = snapshot->config->server;
+    http::request_parser<http::string_body> parser;
+    parser.header_limit(static_cast<std::uint32_t>(limits.max_header_bytes));
+    parser.body_limit(limits.max_body_bytes);
+
+    auto head_started = Clock::now();
+    client.expires_after(first || buffer.size() > 0 ? limits.header_timeout
+                                                    : limits.keepalive_timeout);
+    auto [head_ec, head_bytes] =
+        co_await http::async_read_header(client, buffer, parser, as_tuple(use_awaitable));
+    if (head_ec) {
+      if (auto error = read_error_response(head_ec, limits)) {
+        co_await write_plain_error(client, *error);
+      }
+      break;
+    }
+
+    if (!parser.is_done()) {
+      auto expect = parser.get()[http::field::expect];
+      if (expect.size() == 12 && beast::iequals(expect, "100-continue")) {
+        client.expires_after(limits.body_timeout);
+        co_await net::async_write(client, net::buffer("HTTP/1.1 100 Continue\r\n\r\n", 25),
+                                  as_tuple(use_awaitable));
+      }
+      client.expires_after(limits.body_timeout);
+      auto [body_ec, body_bytes] =
+          co_await http::async_read(client, buffer, parser, as_tuple(use_awaitable));
+      if (body_ec) {
+        if (auto error = read_error_response(body_ec, limits)) {
+          co_await write_plain_error(client, *error);
+        }
+        break;
+      }
+    }
+    client.expires_never();
+
+    auto& request = parser.get();
+    RequestContext context{worker,       snapshot,     request,
+                           client,       buffer,       relay_buffer,
+                           request.keep_alive()};
+    context.request_id = request_id_for(request, worker);
+    context.head_started = head_started;
+    context.body_read = Clock::now();
+
+    bool keep_alive = co_await Pipeline::handle(context);
+    if (!keep_alive) break;
+  }
+
+  client.socket().shutdown(net::ip::tcp::socket::shutdown_send, ignored);
+  client.close();
+  gateway.open_connections().fetch_sub(1, std::memory_order_relaxed);
+}
+
+net::awaitable<void> refuse_connection(net::ip::tcp::socket socket) {
+  beast::tcp_stream client(std::move(socket));
+  co_await write_plain_error(
+      client, ApiError::overloaded("The gateway is at its connection limit; retry shortly."));
+  error_code ignored;
+  client.socket().shutdown(net::ip::tcp::socket::shutdown_send, ignored);
+}
+
+}  // namespace sluice::server

@@ -1,0 +1,275 @@
+#include "sluice/upstream/client.hpp"
+
+#include <openssl/ssl.h>
+
+#include <algorithm>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ssl/host_name_verification.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/error.hpp>
+#include <boost/beast/http/read.hpp>
+
+#include "sluice/common/http_head.hpp"
+
+namespace sluice::upstream {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using net::as_tuple;
+using net::use_awaitable;
+
+const char* to_string(Failure failure) {
+  switch (failure) {
+    case Failure::dns: return "dns";
+    case Failure::connect: return "connect";
+    case Failure::connect_timeout: return "connect_timeout";
+    case Failure::tls: return "tls";
+    case Failure::send: return "send";
+    case Failure::first_byte_timeout: return "first_byte_timeout";
+    case Failure::no_response: return "no_response";
+    case Failure::bad_response: return "bad_response";
+    case Failure::idle_timeout: return "idle_timeout";
+    case Failure::total_timeout: return "total_timeout";
+    case Failure::body_interrupted: return "body_interrupted";
+    case Failure::aborted: return "aborted";
+  }
+  return "unknown";
+}
+
+std::string UpstreamError::describe() const {
+  std::string text = to_string(failure);
+  if (ec) {
+    text += ": ";
+    text += ec.message();
+  }
+  return text;
+}
+
+void AbortHandle::abort() {
+  aborted_ = true;
+  if (connection_) connection_->close();
+}
+
+Exchange::Exchange(Pool& pool, Limits limits, AbortHandle& abort_handle)
+    : pool_(pool), limits_(limits), abort_handle_(abort_handle) {
+  reset_parser();
+}
+
+void Exchange::reset_parser() {
+  parser_.emplace();
+  parser_->body_limit(boost::none);  // relayed as it arrives, never held whole
+  parser_->header_limit(64 * 1024);
+}
+
+Exchange::~Exchange() {
+  if (abort_handle_.connection_ == connection_.get()) abort_handle_.connection_ = nullptr;
+  if (!connection_) return;
+  bool reusable = !failed_ && !abort_handle_.aborted() && parser_->is_done() &&
+                  parser_->keep_alive() && connection_->read_buffer().size() == 0 &&
+                  connection_->is_open();
+  if (reusable) {
+    ++connection_->exchanges;
+    connection_->tcp().expires_never();
+    pool_.give_back(std::move(connection_), Clock::now());
+  } else {
+    connection_->close();
+    pool_.note_discarded();
+  }
+}
+
+bool Exchange::is_event_stream() const {
+  auto it = head().find(http::field::content_type);
+  if (it == head().end()) return false;
+  auto value = it->value();
+  return value.size() >= 17 && iequals(std::string_view(value.data(), 17), "text/event-stream");
+}
+
+void Exchange::abort() {
+  failed_ = true;
+  if (connection_) connection_->close();
+}
+
+UpstreamError Exchange::classify(const error_code& ec, bool expecting_head) const {
+  if (abort_handle_.aborted()) return {Failure::aborted, ec};
+  if (ec == beast::error::timeout) {
+    // The socket's expiry was the earlier of the stage limit and the total
+    // deadline; whichever has passed names the failure.
+    if (Clock::now() >= limits_.deadline) return {Failure::total_timeout, ec};
+    return {expecting_head ? Failure::first_byte_timeout : Failure::idle_timeout, ec};
+  }
+  if (expecting_head) {
+    bool got_nothing = !parser_->got_some() && connection_->read_buffer().size() == 0;
+    if (got_nothing && (is_benign_network_error(ec) || ec == http::error::end_of_stream)) {
+      return {Failure::no_response, ec};
+    }
+    return {Failure::bad_response, ec};
+  }
+  return {Failure::body_interrupted, ec};
+}
+
+net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* data,
+                                                                      std::size_t capacity) {
+  while (!parser_->is_done()) {
+    auto now = Clock::now();
+    connection_->tcp().expires_at(std::min(now + limits_.idle, limits_.deadline));
+    auto& body = parser_->get().body();
+    body.data = data;
+    body.size = capacity;
+    auto [ec, unused] = co_await http::async_read_some(*connection_, connection_->read_buffer(),
+                                                        *parser_, as_tuple(use_awaitable));
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) {
+      failed_ = true;
+      co_return classify(ec, false);
+    }
+    std::size_t produced = capacity - body.size;
+    if (produced > 0) co_return produced;
+  }
+  co_return std::size_t{0};
+}
+
+net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::connect(
+    const Origin& origin, const Limits& limits, AbortHandle& abort_handle, Timing& timing) {
+  auto connect_deadline = std::min(Clock::now() + limits.connect, limits.deadline);
+  auto endpoints = co_await deps_.dns.resolve(origin.host, origin.port, connect_deadline);
+  if (abort_handle.aborted()) co_return UpstreamError{Failure::aborted, {}};
+  if (!endpoints) {
+    auto failure = endpoints.error() == net::error::timed_out ? Failure::connect_timeout
+                                                               : Failure::dns;
+    co_return UpstreamError{failure, endpoints.error()};
+  }
+
+  auto executor = co_await net::this_coro::executor;
+  std::unique_ptr<Connection> connection;
+  try {
+    connection = origin.tls ? std::make_unique<Connection>(
+                                  executor, origin.key(),
+                                  deps_.tls.get(origin.tls_verify, origin.ca_file))
+                            : std::make_unique<Connection>(executor, origin.key());
+  } catch (const std::exception&) {
+    co_return UpstreamError{Failure::tls, {}};
+  }
+  abort_handle.connection_ = connection.get();
+
+  auto& tcp = connection->tcp();
+  tcp.expires_at(connect_deadline);
+  auto [connect_ec, endpoint] = co_await tcp.async_connect(*endpoints, as_tuple(use_awaitable));
+  if (connect_ec) {
+    abort_handle.connection_ = nullptr;
+    if (abort_handle.aborted()) co_return UpstreamError{Failure::aborted, connect_ec};
+    auto failure = connect_ec == beast::error::timeout ? Failure::connect_timeout
+                                                       : Failure::connect;
+    co_return UpstreamError{failure, connect_ec};
+  }
+  error_code ignored;
+  tcp.socket().set_option(net::ip::tcp::no_delay(true), ignored);
+  timing.connected = Clock::now();
+
+  if (auto* tls = connection->tls_stream()) {
+    error_code not_ip;
+    net::ip::make_address(origin.host, not_ip);
+    if (not_ip) SSL_set_tlsext_host_name(tls->native_handle(), origin.host.c_str());
+    if (origin.tls_verify) tls->set_verify_callback(net::ssl::host_name_verification(origin.host));
+    auto [tls_ec] = co_await tls->async_handshake(net::ssl::stream_base::client,
+                                                  as_tuple(use_awaitable));
+    if (tls_ec) {
+      abort_handle.connection_ = nullptr;
+      connection->close();
+      if (abort_handle.aborted()) co_return UpstreamError{Failure::aborted, tls_ec};
+      auto failure = tls_ec == beast::error::timeout ? Failure::connect_timeout : Failure::tls;
+      co_return UpstreamError{failure, tls_ec};
+    }
+  }
+  timing.secured = Clock::now();
+  tcp.expires_never();
+  deps_.pool.note_opened();
+  co_return std::move(connection);
+}
+
+net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
+    const Origin& origin, const Request& request, const Limits& limits,
+    AbortHandle& abort_handle) {
+  auto exchange = std::make_unique<Exchange>(deps_.pool, limits, abort_handle);
+  exchange->timing_.started = Clock::now();
+
+  std::size_t body_size = 0;
+  for (auto part : request.body) body_size += part.size();
+  HeadWriter(exchange->head_text_)
+      .request_line(request.method, request.target)
+      .field("Host", origin.host_header())
+      .field("Content-Length", body_size)
+      .raw_fields(request.extra_fields)
+      .finish();
+  std::array<net::const_buffer, 4> wire = {
+      net::buffer(exchange->head_text_), net::buffer(request.body[0]),
+      net::buffer(request.body[1]), net::buffer(request.body[2])};
+
+  // The second round only happens when a pooled connection was dead.
+  for (int round = 0; round < 2; ++round) {
+    auto& timing = exchange->timing_;
+    auto connection = round == 0 ? deps_.pool.take(origin.key(), timing.started) : nullptr;
+    timing.reused = connection != nullptr;
+    if (connection) {
+      timing.connected = timing.secured = Clock::now();
+    } else {
+      auto opened = co_await connect(origin, limits, abort_handle, timing);
+      if (!opened) co_return opened.error();
+      connection = std::move(opened.value());
+    }
+    abort_handle.connection_ = connection.get();
+    exchange->connection_ = std::move(connection);
+    exchange->reset_parser();
+    exchange->failed_ = false;
+
+    auto& conn = *exchange->connection_;
+    conn.tcp().expires_at(std::min(Clock::now() + limits.ttft, limits.deadline));
+    auto [write_ec, written] = co_await net::async_write(conn, wire, as_tuple(use_awaitable));
+    timing.sent = Clock::now();
+    if (write_ec) {
+      exchange->failed_ = true;
+      if (timing.reused && !abort_handle.aborted()) {
+        exchange->connection_->close();
+        exchange->connection_.reset();
+        deps_.pool.note_discarded();
+        continue;
+      }
+      auto error = exchange->classify(write_ec, true);
+      if (error.failure != Failure::aborted && !error.is_timeout()) error.failure = Failure::send;
+      co_return error;
+    }
+
+    auto [read_ec, head_bytes] = co_await http::async_read_header(
+        conn, conn.read_buffer(), *exchange->parser_, as_tuple(use_awaitable));
+    if (read_ec) {
+      exchange->failed_ = true;
+      auto error = exchange->classify(read_ec, true);
+      if (timing.reused && error.failure == Failure::no_response) {
+        exchange->connection_->close();
+        exchange->connection_.reset();
+        deps_.pool.note_discarded();
+        continue;
+      }
+      co_return error;
+    }
+    timing.first_byte = Clock::now();
+    co_return std::move(exchange);
+  }
+  co_return UpstreamError{Failure::no_response, {}};
+}
+
+net::awaitable<std::optional<UpstreamError>> Client::warm(const Origin& origin,
+                                                         const Limits& limits) {
+  AbortHandle abort_handle;
+  Timing timing;
+  auto opened = co_await connect(origin, limits, abort_handle, timing);
+  if (!opened) co_return opened.error();
+  deps_.pool.give_back(std::move(opened.value()), Clock::now());
+  co_return std::nullopt;
+}
+
+}  // namespace sluice::upstream

@@ -1,0 +1,76 @@
+#include "support/gateway_fixture.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+namespace sluice::testing {
+
+namespace {
+std::string with_test_defaults(const std::string& yaml) {
+  if (yaml.find("server:") != std::string::npos) return yaml;
+  return "server:\n  listen: 127.0.0.1:0\n  threads: 2\n" + yaml;
+}
+}  // namespace
+
+TestGateway::TestGateway(const std::string& yaml) {
+  gateway_ = std::make_unique<server::Gateway>(config::load_string(with_test_defaults(yaml)));
+  gateway_->start();
+}
+
+TestGateway::~TestGateway() { gateway_->stop(); }
+
+std::int64_t TestGateway::idle_upstream_connections() {
+  std::int64_t total = 0;
+  for (auto& worker : gateway_->workers()) total += worker->pool().counters().idle.load();
+  return total;
+}
+
+std::int64_t TestGateway::active_upstream_connections() {
+  std::int64_t total = 0;
+  for (auto& worker : gateway_->workers()) total += worker->pool().counters().active.load();
+  return total;
+}
+
+std::unique_ptr<mock::MockServer> start_mock(mock::Behaviour behaviour, unsigned threads) {
+  mock::MockServer::Options options;
+  options.behaviour = behaviour;
+  options.threads = threads;
+  auto server = std::make_unique<mock::MockServer>(options);
+  server->start();
+  return server;
+}
+
+std::string deployment_yaml(const std::string& id, const std::string& base_url,
+                            const std::string& extra) {
+  return "      - id: " + id + "\n        base_url: " + base_url + "\n        model: mock-model\n" +
+         extra;
+}
+
+bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return condition();
+}
+
+TempFile::TempFile(const std::string& content, const std::string& suffix) {
+  const char* dir = std::getenv("TMPDIR");
+  std::string base = std::string(dir ? dir : "/tmp") + "/sluice-test-XXXXXX" + suffix;
+  std::vector<char> name(base.begin(), base.end());
+  name.push_back('\0');
+  int fd = mkstemps(name.data(), static_cast<int>(suffix.size()));
+  if (fd < 0) throw std::runtime_error("mkstemps failed");
+  ::close(fd);
+  path_ = name.data();
+  std::ofstream(path_) << content;
+}
+
+TempFile::~TempFile() { std::remove(path_.c_str()); }
+
+}  // namespace sluice::testing
