@@ -19,7 +19,8 @@ std::string bio_text(BIO* bio) {
 }
 }  // namespace
 
-Certificate make_self_signed_certificate(const std::string& common_name) {
+Certificate make_self_signed_certificate(const std::string& subject_alt_names) {
+  const std::string common_name = "sluice test";
   std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(EVP_EC_gen("P-256"), EVP_PKEY_free);
   if (!key) throw std::runtime_error("EC key generation failed");
   std::unique_ptr<X509, decltype(&X509_free)> cert(X509_new(), X509_free);
@@ -36,7 +37,7 @@ Certificate make_self_signed_certificate(const std::string& common_name) {
   X509V3_CTX context;
   X509V3_set_ctx_nodb(&context);
   X509V3_set_ctx(&context, cert.get(), cert.get(), nullptr, nullptr, 0);
-  const char* extensions[][2] = {{"subjectAltName", "DNS:localhost,IP:127.0.0.1"},
+  const char* extensions[][2] = {{"subjectAltName", subject_alt_names.c_str()},
                                  {"basicConstraints", "critical,CA:TRUE"},
                                  {"keyUsage", "critical,digitalSignature,keyCertSign"}};
   for (const auto& [ext_name, ext_value] : extensions) {

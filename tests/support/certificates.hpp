@@ -9,8 +9,9 @@ struct Certificate {
   std::string key_pem;
 };
 
-// A self-signed certificate made at test time (EC P-256), valid for
-// DNS:localhost and IP:127.0.0.1; it is its own CA.
-Certificate make_self_signed_certificate(const std::string& common_name = "localhost");
+// A self-signed certificate made at test time (EC P-256) for the names in
+// `subject_alt_names`; it is its own CA.
+Certificate make_self_signed_certificate(
+    const std::string& subject_alt_names = "DNS:localhost,IP:127.0.0.1");
 
 }  // namespace sluice::testing

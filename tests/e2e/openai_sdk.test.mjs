@@ -1,0 +1,222 @@
+// End-to-end: the official OpenAI Node SDK talks to sluice, which forwards to
+// sluice-mock. Run with `node --test openai_sdk.test.mjs`; the binaries come
+// from SLUICE_BINARY and SLUICE_MOCK_BINARY.
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+
+import OpenAI from 'openai';
+
+const STARTUP_TIMEOUT_MS = 10000;
+const STOP_TIMEOUT_MS = 3000;
+
+function requireEnv(name) {
+  const value = process.env[name];
+  if (!value) {
+    throw new Error(`${name} is not set: point it at the built binary (see tests/e2e/CMakeLists.txt)`);
+  }
+  return value;
+}
+
+// Spawns `binary args...` and resolves with { child, port } once stdout
+// carries "<banner> http://HOST:PORT". Rejects on early exit or timeout.
+const children = new Set();
+// Last resort if the runner exits without reaching the after hook.
+process.on('exit', () => {
+  for (const child of children) child.kill('SIGKILL');
+});
+
+function startProcess(binary, args, banner) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    children.add(child);
+    child.once('exit', () => children.delete(child));
+    const pattern = new RegExp(`^${banner} listening on https?://(.+):(\\d+)\\s*$`, 'm');
+    let stdout = '';
+    let stderr = '';
+    let settled = false;
+
+    const finish = (error, value) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      if (error) {
+        child.kill('SIGKILL');
+        reject(error);
+      } else {
+        resolve(value);
+      }
+    };
+    const timer = setTimeout(() => {
+      finish(new Error(`${banner} did not report its port within ${STARTUP_TIMEOUT_MS} ms\n` +
+                       `stdout: ${stdout}\nstderr: ${stderr}`));
+    }, STARTUP_TIMEOUT_MS);
+
+    child.stdout.setEncoding('utf8');
+    child.stdout.on('data', (chunk) => {
+      stdout += chunk;
+      const match = pattern.exec(stdout);
+      if (match) finish(null, { child, port: Number(match[2]) });
+    });
+    child.stderr.setEncoding('utf8');
+    child.stderr.on('data', (chunk) => {
+      // Keep only the tail: enough to explain a failure, bounded in memory.
+      stderr = (stderr + chunk).slice(-8192);
+    });
+    child.on('error', (error) => finish(new Error(`cannot start ${binary}: ${error.message}`)));
+    child.on('exit', (code, signal) => {
+      finish(new Error(`${banner} exited early (code ${code}, signal ${signal})\n` +
+                       `stdout: ${stdout}\nstderr: ${stderr}`));
+    });
+  });
+}
+
+// SIGTERM, then SIGKILL if the process is still there after a grace period.
+function stopProcess(child) {
+  if (!child || child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
+  return new Promise((resolve) => {
+    const timer = setTimeout(() => child.kill('SIGKILL'), STOP_TIMEOUT_MS);
+    child.once('exit', () => {
+      clearTimeout(timer);
+      resolve();
+    });
+    child.kill('SIGTERM');
+  });
+}
+
+function gatewayConfig(mockPort) {
+  const baseUrl = `http://127.0.0.1:${mockPort}/v1`;
+  return `server:
+  listen: 127.0.0.1:0
+  threads: 2
+
+log:
+  level: warn
+
+models:
+  - name: e2e-chat
+    deployments:
+      - id: e2e-chat-mock
+        base_url: ${baseUrl}
+        model: mock-model
+
+  - name: e2e-embed
+    deployments:
+      - id: e2e-embed-mock
+        base_url: ${baseUrl}
+        model: mock-model
+`;
+}
+
+describe('OpenAI Node SDK through sluice', { timeout: 30000 }, () => {
+  let mock;
+  let gateway;
+  let workDir;
+  let client;
+
+  before(async () => {
+    const sluiceBinary = requireEnv('SLUICE_BINARY');
+    const mockBinary = requireEnv('SLUICE_MOCK_BINARY');
+
+    mock = await startProcess(mockBinary,
+                              ['--listen', '127.0.0.1:0', '--ttft', '20ms', '--interval', '10ms',
+                               '--tokens', '8'],
+                              'sluice-mock');
+
+    workDir = mkdtempSync(join(tmpdir(), 'sluice-e2e-'));
+    const configPath = join(workDir, 'sluice.yaml');
+    writeFileSync(configPath, gatewayConfig(mock.port));
+    gateway = await startProcess(sluiceBinary, ['--config', configPath], 'sluice');
+
+    client = new OpenAI({
+      baseURL: `http://127.0.0.1:${gateway.port}/v1`,
+      apiKey: 'test-key',
+      maxRetries: 0,
+      timeout: 10000,
+    });
+  });
+
+  after(async () => {
+    await Promise.all([stopProcess(gateway?.child), stopProcess(mock?.child)]);
+    if (workDir) rmSync(workDir, { recursive: true, force: true });
+  });
+
+  const messages = [{ role: 'user', content: 'Say something.' }];
+  let nonStreamText;
+
+  test('chat.completions.create without streaming', async () => {
+    const completion = await client.chat.completions.create({ model: 'e2e-chat', messages });
+    assert.equal(completion.object, 'chat.completion');
+    assert.equal(completion.model, 'mock-model');
+    assert.ok(Array.isArray(completion.choices) && completion.choices.length === 1);
+    const text = completion.choices[0].message.content;
+    assert.equal(typeof text, 'string');
+    assert.ok(text.length > 0, 'content is empty');
+    assert.equal(completion.choices[0].finish_reason, 'stop');
+    assert.ok(completion.usage, 'usage is missing');
+    assert.ok(completion.usage.prompt_tokens >= 0);
+    assert.ok(completion.usage.completion_tokens > 0);
+    assert.equal(completion.usage.total_tokens,
+                 completion.usage.prompt_tokens + completion.usage.completion_tokens);
+    nonStreamText = text;
+  });
+
+  test('chat.completions.create with stream: true', async () => {
+    const stream = await client.chat.completions.create({ model: 'e2e-chat', messages, stream: true });
+    let contentDeltas = 0;
+    let text = '';
+    let finishReason = null;
+    for await (const chunk of stream) {
+      assert.equal(chunk.object, 'chat.completion.chunk');
+      assert.equal(chunk.model, 'mock-model');
+      for (const choice of chunk.choices) {
+        const content = choice.delta?.content;
+        if (typeof content === 'string' && content.length > 0) {
+          contentDeltas += 1;
+          text += content;
+        }
+        if (choice.finish_reason) finishReason = choice.finish_reason;
+      }
+    }
+    assert.ok(contentDeltas >= 2, `expected at least 2 content deltas, got ${contentDeltas}`);
+    assert.equal(finishReason, 'stop');
+    // Both requests ask the same mock for the same number of tokens.
+    if (nonStreamText === undefined) {
+      const completion = await client.chat.completions.create({ model: 'e2e-chat', messages });
+      nonStreamText = completion.choices[0].message.content;
+    }
+    assert.equal(text, nonStreamText);
+  });
+
+  test('embeddings.create', async () => {
+    const response = await client.embeddings.create({ model: 'e2e-embed', input: 'hello world' });
+    assert.equal(response.object, 'list');
+    assert.equal(response.data.length, 1);
+    const vector = response.data[0].embedding;
+    assert.ok(Array.isArray(vector), 'embedding is not an array');
+    assert.ok(vector.length > 0, 'embedding is empty');
+    for (const value of vector) assert.ok(Number.isFinite(value), `not a number: ${value}`);
+  });
+
+  test('models.list', async () => {
+    const ids = [];
+    for await (const model of client.models.list()) ids.push(model.id);
+    assert.ok(ids.includes('e2e-chat'), `e2e-chat missing from ${JSON.stringify(ids)}`);
+    assert.ok(ids.includes('e2e-embed'), `e2e-embed missing from ${JSON.stringify(ids)}`);
+  });
+
+  test('unknown model is a 404 model_not_found', async () => {
+    await assert.rejects(
+      client.chat.completions.create({ model: 'no-such-model', messages }),
+      (error) => {
+        assert.ok(error instanceof OpenAI.APIError, `not an APIError: ${error}`);
+        assert.ok(error instanceof OpenAI.NotFoundError, `not a NotFoundError: ${error}`);
+        assert.equal(error.status, 404);
+        assert.equal(error.code, 'model_not_found');
+        return true;
+      });
+  });
+});
