@@ -1,0 +1,119 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "sluice/common/clock.hpp"
+#include "sluice/config/config.hpp"
+
+namespace sluice::router {
+
+// The last `capacity` latency samples with the time each was taken. add() and
+// summary() are safe from any thread without a lock: each slot is one atomic
+// word, so a reader sees whole samples (at worst one slightly old).
+//
+// Slot layout: the high 32 bits hold the sample in microseconds plus one
+// (samples are clamped to about 71 minutes, and the +1 keeps a real sample
+// from ever encoding to 0, which marks an empty slot); the low 32 bits hold
+// the time it was taken in 4 ms ticks of the steady clock, modulo 2^32. Ages
+// are computed modulo 2^32 ticks, so they are exact for about 198 days; 4 ms
+// is far finer than any freshness limit this is asked about.
+class LatencyWindow {
+ public:
+  static constexpr unsigned kMaxCapacity = 1024;  // larger capacities are clamped
+
+  explicit LatencyWindow(unsigned capacity);
+
+  void add(std::chrono::microseconds sample, TimePoint at);
+
+  struct Summary {
+    std::size_t samples = 0;  // fresh samples only
+    std::chrono::microseconds p50{0};
+    std::chrono::microseconds p95{0};
+  };
+  // Percentiles over the samples taken within `max_age` before `now`.
+  Summary summary(TimePoint now, std::chrono::milliseconds max_age) const;
+  unsigned capacity() const { return capacity_; }
+
+ private:
+  unsigned capacity_;
+  std::unique_ptr<std::atomic<std::uint64_t>[]> slots_;
+  std::atomic<std::uint64_t> next_{0};
+};
+
+// Live state of one deployment, shared by every thread and every request.
+class DeploymentState {
+ public:
+  DeploymentState(unsigned window, TimePoint epoch = Clock::now());
+
+  LatencyWindow ttft;   // first byte, streams and non-streams alike
+  LatencyWindow total;  // whole response, non-streaming requests only
+
+  // In-flight accounting against max_parallel (0 = unlimited).
+  bool try_acquire(unsigned max_parallel);
+  void release();
+  int in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
+
+  // Requests-per-minute budget (0 = unlimited): a fixed one-minute window.
+  bool try_take_rpm(unsigned rpm, TimePoint now);
+
+  // Cooldown: `fails` failures within `within` take the deployment out for
+  // `for`. Afterwards claim_probe() lets exactly one request through; its
+  // success ends the cooldown, its failure starts another.
+  void record_failure(const config::Cooldown& policy, TimePoint now);
+  void record_success(TimePoint now);
+  bool cooling_down(TimePoint now) const;
+  std::optional<TimePoint> cooldown_until() const;
+  // True for the one caller that may probe a deployment whose cooldown ran out.
+  bool claim_probe(TimePoint now);
+  // The cooldown ran out and the deployment waits for a probe (claimed or not).
+  bool awaiting_probe(TimePoint now) const;
+  // awaiting_probe() and nobody has claimed the probe yet; does not claim.
+  bool probe_available(TimePoint now) const;
+  // Gives a claimed probe back without a verdict (the probe was abandoned or
+  // got an answer that says nothing about the deployment's health).
+  void release_probe();
+  // A response that started fine broke off: counts toward the cooldown like
+  // record_failure, without counting a second attempt.
+  void record_midstream_failure(const config::Cooldown& policy, TimePoint now);
+
+  // Whether try_take_rpm would succeed right now; takes nothing.
+  bool rpm_available(unsigned rpm, TimePoint now) const;
+
+  // Recent outcomes for the admin view: errors / attempts over the last minute.
+  double recent_error_rate(TimePoint now) const;
+  std::uint64_t attempts_total() const { return attempts_.load(std::memory_order_relaxed); }
+  std::uint64_t failures_total() const { return failures_.load(std::memory_order_relaxed); }
+
+ private:
+  // Times below are ms since epoch_ and may be negative (a test clock may
+  // start before the state was built), so "unset" is the lowest value rather
+  // than 0 or -1.
+  static constexpr std::int64_t kUnset = INT64_MIN;
+
+  std::int64_t ticks(TimePoint t) const;  // ms since epoch_
+  static std::int64_t minute_of(std::int64_t ticks);
+  void count_outcome(TimePoint now, bool attempt, bool failure);
+  void count_toward_cooldown(const config::Cooldown& policy, TimePoint now);
+
+  TimePoint epoch_;
+  std::atomic<int> in_flight_{0};
+  std::atomic<std::int64_t> rpm_minute_{kUnset};
+  std::atomic<unsigned> rpm_used_{0};
+  std::atomic<unsigned> recent_failures_{0};
+  std::atomic<std::int64_t> failure_window_start_{kUnset};
+  std::atomic<std::int64_t> cooldown_until_{kUnset};
+  std::atomic<bool> probe_pending_{false};
+  std::atomic<std::uint64_t> attempts_{0};
+  std::atomic<std::uint64_t> failures_{0};
+  std::atomic<std::int64_t> minute_start_{kUnset};  // minute number of the outcome bucket
+  std::atomic<unsigned> minute_attempts_{0};
+  std::atomic<unsigned> minute_failures_{0};
+};
+
+}  // namespace sluice::router

@@ -1,0 +1,155 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "sluice/common/clock.hpp"
+#include "sluice/config/config.hpp"
+#include "sluice/router/deployment_state.hpp"
+
+// The router decides, the pipeline acts: nothing here touches a socket, so
+// every decision is testable with plain calls and a fake clock.
+namespace sluice::router {
+
+using Micros = std::chrono::microseconds;
+using Millis = std::chrono::milliseconds;
+
+struct Attempt {
+  const config::Model* model = nullptr;  // the group the deployment belongs to
+  const config::Deployment* deployment = nullptr;
+  DeploymentState* state = nullptr;
+  Millis wait{0};                     // sleep this long before sending (backoff, Retry-After)
+  bool fallback = false;              // model is a fallback of the requested one
+  bool hedge = false;                 // started by next_hedge
+  bool probe = false;                 // the one request let through after a cooldown ran out
+  std::optional<Millis> hedge_after;  // start a hedge if no first byte by then
+};
+
+enum class ResultKind {
+  success,                  // a first byte of a 2xx/3xx response arrived
+  retriable,                // connect/TLS error, timeout before first byte, 408/409/429/5xx
+  client_error,             // other 4xx: returned to the client as is, never retried
+  context_window_exceeded,  // go to context_window_fallbacks
+};
+
+struct AttemptResult {
+  ResultKind kind = ResultKind::success;
+  bool timed_out = false;             // a timeout before the first byte
+  std::optional<Micros> ttft;         // request sent -> first response byte, when it arrived
+  std::optional<Millis> retry_after;  // from the upstream's Retry-After
+};
+
+// Maps an upstream status (and the start of its error body) to a result kind.
+ResultKind classify_status(unsigned status, std::string_view error_body);
+
+class Router;
+
+// The attempts for one request, decided one at a time as results come in.
+// Used by one coroutine only; the shared per-deployment state it reads and
+// updates is thread-safe.
+class Plan {
+ public:
+  // The next attempt, or nullopt when the attempts are spent (retries + 1 in
+  // all) or a result ended the request. Takes an in-flight slot on the
+  // deployment it returns; report() or finish() gives it back.
+  std::optional<Attempt> next(TimePoint now);
+  // An attempt on another deployment of the same group than those in flight,
+  // at most once per request; does not count against retries.
+  std::optional<Attempt> next_hedge(TimePoint now);
+  // The first-byte result of an attempt. For anything but success the slot is
+  // released here; a success keeps it until finish().
+  void report(const Attempt& attempt, const AttemptResult& result, TimePoint now);
+  // A successful attempt's response has ended: `ok` false for a mid-stream
+  // failure. `total` feeds the non-streaming window when !stream.
+  void finish(const Attempt& attempt, bool ok, Micros total, TimePoint now);
+  // An attempt given up without a result (lost a hedge race, client gone).
+  void abandon(const Attempt& attempt);
+
+  // Whether next() could still return an attempt after a retriable failure.
+  bool can_retry() const;
+  unsigned attempts_made() const { return attempts_made_; }
+
+ private:
+  friend class Router;
+  Plan(const Router& router, const config::Model& model, bool stream, std::uint64_t seed);
+
+  struct Taken {
+    const config::Deployment* deployment;
+    DeploymentState* state;
+    bool probe;
+  };
+  // Chooses in `group` and takes the slot, rpm unit and probe the choice
+  // needs; a deployment another request raced us to is excluded and the
+  // choice made again.
+  std::optional<Taken> take_in_group(const config::Model& group,
+                                     std::vector<const config::Deployment*> exclude,
+                                     bool allow_cooling, TimePoint now);
+  std::optional<Millis> hedge_delay(const config::Model& group, DeploymentState& state,
+                                    TimePoint now) const;
+  Millis backoff_wait(unsigned previous_attempts_on_deployment);
+  void resolve_groups(const std::vector<std::string>& names);
+
+  const Router* router_;
+  const config::Model* requested_;
+  bool stream_;
+  std::mt19937_64 random_;
+  // Groups in the order they are tried: the requested model, then its
+  // fallbacks (or context-window fallbacks once one is needed).
+  std::vector<const config::Model*> groups_;
+  std::size_t group_index_ = 0;
+  std::vector<const config::Deployment*> tried_in_group_;
+  std::unordered_map<const config::Deployment*, unsigned> attempts_per_deployment_;
+  const config::Deployment* last_failed_ = nullptr;
+  bool last_failed_timed_out_ = false;
+  std::optional<Millis> pending_retry_after_;
+  unsigned attempts_made_ = 0;
+  bool hedged_ = false;
+  bool ended_ = false;
+  bool switched_to_context_fallbacks_ = false;
+};
+
+// Holds the live state of every deployment in a config snapshot. Built per
+// snapshot; on reload the state of deployments whose id and upstream are
+// unchanged is carried over, so latency windows survive.
+class Router {
+ public:
+  explicit Router(std::shared_ptr<const config::Config> config, const Router* previous = nullptr);
+
+  Plan plan(const config::Model& model, bool stream, std::uint64_t seed) const;
+
+  DeploymentState* state(const std::string& deployment_id) const;
+  const config::Config& config() const { return *config_; }
+
+  // Chooses among the usable deployments of a group by its strategy.
+  // Exposed for tests; `exclude` are skipped.
+  const config::Deployment* choose(const config::Model& group, bool stream,
+                                   const std::vector<const config::Deployment*>& exclude,
+                                   TimePoint now, std::mt19937_64& random) const;
+
+ private:
+  friend class Plan;
+
+  struct Choice {
+    const config::Deployment* deployment = nullptr;
+    // Chosen only because every remaining deployment is cooling down.
+    bool despite_cooldown = false;
+  };
+  Choice choose_among(const config::Model& group, bool stream,
+                      const std::vector<const config::Deployment*>& exclude, TimePoint now,
+                      std::mt19937_64& random, bool allow_cooling) const;
+
+  std::shared_ptr<const config::Config> config_;
+  std::unordered_map<std::string, std::shared_ptr<DeploymentState>> states_;
+  // Round-robin position per model, shared by all threads.
+  std::unordered_map<std::string, std::unique_ptr<std::atomic<std::uint64_t>>> round_robin_;
+};
+
+}  // namespace sluice::router

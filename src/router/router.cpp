@@ -1,0 +1,460 @@
+#include "sluice/router/router.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <limits>
+
+namespace sluice::router {
+
+namespace {
+
+using Deployments = std::vector<const config::Deployment*>;
+
+// Samples older than this describe a deployment as it was, not as it is.
+constexpr std::chrono::milliseconds kFreshFor{60'000};
+// Fewer samples than this make a P95 little more than the maximum.
+constexpr std::size_t kMinSamplesForP95 = 5;
+
+bool contains(const Deployments& list, const config::Deployment* deployment) {
+  return std::find(list.begin(), list.end(), deployment) != list.end();
+}
+
+bool same_upstream(const config::Deployment& a, const config::Deployment& b) {
+  return a.base_url.scheme == b.base_url.scheme && a.base_url.host == b.base_url.host &&
+         a.base_url.port == b.base_url.port && a.base_url.path_prefix == b.base_url.path_prefix &&
+         a.upstream_model == b.upstream_model;
+}
+
+const config::Deployment* pick_uniform(const Deployments& among, std::mt19937_64& random) {
+  if (among.size() == 1) return among.front();
+  std::uniform_int_distribution<std::size_t> index(0, among.size() - 1);
+  return among[index(random)];
+}
+
+bool contains_ignoring_case(std::string_view text, std::string_view needle) {
+  const auto lower = [](unsigned char c) { return std::tolower(c); };
+  const auto found = std::search(text.begin(), text.end(), needle.begin(), needle.end(),
+                                 [&](char a, char b) { return lower(a) == lower(b); });
+  return found != text.end();
+}
+
+bool mentions_context_window(std::string_view body) {
+  return contains_ignoring_case(body, "context_length_exceeded") ||
+         contains_ignoring_case(body, "maximum context length") ||
+         contains_ignoring_case(body, "context window");
+}
+
+}  // namespace
+
+ResultKind classify_status(unsigned status, std::string_view error_body) {
+  if (status >= 200 && status < 400) return ResultKind::success;
+  if (status == 408 || status == 409 || status == 429 || status >= 500) {
+    return ResultKind::retriable;
+  }
+  if (status >= 400) {
+    if ((status == 400 || status == 413 || status == 422) && mentions_context_window(error_body)) {
+      return ResultKind::context_window_exceeded;
+    }
+    return ResultKind::client_error;
+  }
+  // A 1xx as a final status is a broken upstream, not the client's fault.
+  return ResultKind::retriable;
+}
+
+// ---------------------------------------------------------------------------
+// Router
+
+Router::Router(std::shared_ptr<const config::Config> config, const Router* previous)
+    : config_(std::move(config)) {
+  std::unordered_map<std::string_view, const config::Deployment*> previous_deployments;
+  if (previous != nullptr) {
+    for (const auto& model : previous->config_->models) {
+      for (const auto& deployment : model.deployments) {
+        previous_deployments.emplace(deployment.id, &deployment);
+      }
+    }
+  }
+
+  for (const auto& model : config_->models) {
+    round_robin_.emplace(model.name, std::make_unique<std::atomic<std::uint64_t>>(0));
+    for (const auto& deployment : model.deployments) {
+      if (states_.contains(deployment.id)) continue;
+      std::shared_ptr<DeploymentState> state;
+      if (auto old = previous_deployments.find(deployment.id);
+          old != previous_deployments.end() && same_upstream(*old->second, deployment)) {
+        if (auto kept = previous->states_.find(deployment.id); kept != previous->states_.end()) {
+          state = kept->second;
+        }
+      }
+      if (!state) state = std::make_shared<DeploymentState>(config_->router.window);
+      states_.emplace(deployment.id, std::move(state));
+    }
+  }
+}
+
+Plan Router::plan(const config::Model& model, bool stream, std::uint64_t seed) const {
+  return Plan(*this, model, stream, seed);
+}
+
+DeploymentState* Router::state(const std::string& deployment_id) const {
+  auto it = states_.find(deployment_id);
+  return it == states_.end() ? nullptr : it->second.get();
+}
+
+const config::Deployment* Router::choose(const config::Model& group, bool stream,
+                                         const std::vector<const config::Deployment*>& exclude,
+                                         TimePoint now, std::mt19937_64& random) const {
+  return choose_among(group, stream, exclude, now, random, /*allow_cooling=*/true).deployment;
+}
+
+Router::Choice Router::choose_among(const config::Model& group, bool stream,
+                                    const std::vector<const config::Deployment*>& exclude,
+                                    TimePoint now, std::mt19937_64& random,
+                                    bool allow_cooling) const {
+  Deployments candidates;
+  candidates.reserve(group.deployments.size());
+  const config::Deployment* soonest = nullptr;
+  TimePoint soonest_until = TimePoint::max();
+
+  for (const auto& deployment : group.deployments) {
+    if (contains(exclude, &deployment)) continue;
+    DeploymentState* state = this->state(deployment.id);
+    if (state == nullptr) continue;
+    if (deployment.max_parallel != 0 &&
+        state->in_flight() >=
+            static_cast<int>(std::min<unsigned>(deployment.max_parallel, INT32_MAX))) {
+      continue;
+    }
+    if (!state->rpm_available(deployment.rpm, now)) continue;
+    // A cooldown that ran out while another request's probe is still out is
+    // not over yet either.
+    if (state->cooling_down(now) || (state->awaiting_probe(now) && !state->probe_available(now))) {
+      const TimePoint until = state->cooldown_until().value_or(now);
+      if (soonest == nullptr || until < soonest_until) {
+        soonest = &deployment;
+        soonest_until = until;
+      }
+      continue;
+    }
+    candidates.push_back(&deployment);
+  }
+
+  if (candidates.empty()) {
+    // Everything left is cooling down: try the one closest to coming back
+    // rather than failing the group without a single attempt.
+    if (allow_cooling && soonest != nullptr) return {soonest, true};
+    return {};
+  }
+
+  switch (group.strategy) {
+    case config::Strategy::latency: {
+      Deployments unsampled;
+      std::vector<std::pair<const config::Deployment*, std::chrono::microseconds>> measured;
+      measured.reserve(candidates.size());
+      for (const auto* deployment : candidates) {
+        DeploymentState* state = this->state(deployment->id);
+        // A non-streaming client waits for the whole body, so that is the
+        // latency it feels; first-byte times stand in until there are any.
+        if (!stream) {
+          const auto total = state->total.summary(now, kFreshFor);
+          if (total.samples > 0) {
+            measured.emplace_back(deployment, total.p50);
+            continue;
+          }
+        }
+        const auto ttft = state->ttft.summary(now, kFreshFor);
+        if (ttft.samples > 0) {
+          measured.emplace_back(deployment, ttft.p50);
+        } else {
+          unsampled.push_back(deployment);
+        }
+      }
+      // Without a fresh measurement a deployment could never win back
+      // traffic, so it goes first and earns one.
+      if (!unsampled.empty()) return {pick_uniform(unsampled, random)};
+      auto best = std::min_element(measured.begin(), measured.end(), [](auto& a, auto& b) {
+                    return a.second < b.second;
+                  })->second;
+      const double buffer = std::max(0.0, config_->router.latency_buffer);
+      const double limit = static_cast<double>(best.count()) * (1.0 + buffer);
+      Deployments close_enough;
+      for (const auto& [deployment, p50] : measured) {
+        if (static_cast<double>(p50.count()) <= limit) close_enough.push_back(deployment);
+      }
+      return {pick_uniform(close_enough, random)};
+    }
+
+    case config::Strategy::round_robin: {
+      auto counter = round_robin_.find(group.name);
+      if (counter == round_robin_.end()) return {candidates.front()};
+      const std::size_t count = group.deployments.size();
+      const std::size_t start = counter->second->fetch_add(1, std::memory_order_relaxed) % count;
+      for (std::size_t step = 0; step < count; ++step) {
+        const auto* deployment = &group.deployments[(start + step) % count];
+        if (contains(candidates, deployment)) return {deployment};
+      }
+      return {candidates.front()};
+    }
+
+    case config::Strategy::weighted: {
+      std::uint64_t total_weight = 0;
+      for (const auto* deployment : candidates) total_weight += deployment->weight;
+      if (total_weight == 0) return {pick_uniform(candidates, random)};
+      std::uniform_int_distribution<std::uint64_t> ticket(0, total_weight - 1);
+      std::uint64_t drawn = ticket(random);
+      for (const auto* deployment : candidates) {
+        if (drawn < deployment->weight) return {deployment};
+        drawn -= deployment->weight;
+      }
+      return {candidates.back()};
+    }
+
+    case config::Strategy::least_busy: {
+      int fewest = std::numeric_limits<int>::max();
+      Deployments idlest;
+      for (const auto* deployment : candidates) {
+        const int busy = state(deployment->id)->in_flight();
+        if (busy < fewest) {
+          fewest = busy;
+          idlest.clear();
+        }
+        if (busy == fewest) idlest.push_back(deployment);
+      }
+      return {pick_uniform(idlest, random)};
+    }
+
+    case config::Strategy::priority:
+      return {candidates.front()};
+  }
+  return {candidates.front()};
+}
+
+// ---------------------------------------------------------------------------
+// Plan
+
+Plan::Plan(const Router& router, const config::Model& model, bool stream, std::uint64_t seed)
+    : router_(&router), requested_(&model), stream_(stream), random_(seed) {
+  groups_.push_back(&model);
+  resolve_groups(model.fallbacks);
+}
+
+void Plan::resolve_groups(const std::vector<std::string>& names) {
+  for (const auto& name : names) {
+    const config::Model* group = router_->config().find_model(name);
+    if (group == nullptr) continue;
+    if (std::find(groups_.begin(), groups_.end(), group) != groups_.end()) continue;
+    groups_.push_back(group);
+  }
+}
+
+std::optional<Plan::Taken> Plan::take_in_group(const config::Model& group,
+                                               std::vector<const config::Deployment*> exclude,
+                                               bool allow_cooling, TimePoint now) {
+  // Every pass excludes one more deployment, so this ends.
+  for (;;) {
+    const auto choice = router_->choose_among(group, stream_, exclude, now, random_, allow_cooling);
+    const config::Deployment* deployment = choice.deployment;
+    if (deployment == nullptr) return std::nullopt;
+    DeploymentState* state = router_->state(deployment->id);
+
+    if (!state->try_acquire(deployment->max_parallel)) {
+      exclude.push_back(deployment);
+      continue;
+    }
+    bool probe = false;
+    if (!choice.despite_cooldown && state->awaiting_probe(now)) {
+      if (!state->claim_probe(now)) {
+        state->release();
+        exclude.push_back(deployment);
+        continue;
+      }
+      probe = true;
+    }
+    if (!state->try_take_rpm(deployment->rpm, now)) {
+      if (probe) state->release_probe();
+      state->release();
+      exclude.push_back(deployment);
+      continue;
+    }
+    return Taken{deployment, state, probe};
+  }
+}
+
+Millis Plan::backoff_wait(unsigned previous_attempts_on_deployment) {
+  if (previous_attempts_on_deployment == 0) return Millis{0};
+  const auto& backoff = router_->config().router.backoff;
+  const std::int64_t ceiling = std::max<std::int64_t>(backoff.max.count(), 0);
+  std::int64_t cap = std::max<std::int64_t>(backoff.base.count(), 0);
+  for (unsigned doubling = 1; doubling < previous_attempts_on_deployment && cap < ceiling;
+       ++doubling) {
+    cap *= 2;
+  }
+  cap = std::min(cap, ceiling);
+  // Full jitter: retries from many requests that failed together spread out
+  // instead of arriving together again.
+  std::uniform_int_distribution<std::int64_t> wait(0, cap);
+  return Millis{wait(random_)};
+}
+
+std::optional<Millis> Plan::hedge_delay(const config::Model& group, DeploymentState& state,
+                                        TimePoint now) const {
+  if (hedged_ || group.deployments.size() < 2) return std::nullopt;
+  const auto& hedge = router_->config().router.hedge;
+  switch (hedge.mode) {
+    case config::Hedge::Mode::off:
+      return std::nullopt;
+    case config::Hedge::Mode::fixed:
+      return hedge.after;
+    case config::Hedge::Mode::p95: {
+      const auto window = state.ttft.summary(now, kFreshFor);
+      if (window.samples < kMinSamplesForP95) return std::nullopt;
+      // Rounded up so a hedge never starts before the P95 has passed.
+      return std::chrono::ceil<Millis>(window.p95);
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<Attempt> Plan::next(TimePoint now) {
+  const auto& policy = router_->config().router;
+  if (ended_ || attempts_made_ >= policy.retries + 1 || groups_.empty()) return std::nullopt;
+
+  // From the current group to the last, then every group once more from the
+  // first with nothing tried: at most twice the number of groups.
+  for (std::size_t visits = 0; visits < 2 * groups_.size(); ++visits) {
+    const config::Model& group = *groups_[group_index_];
+    // A group that has not been tried in this round may use a cooling
+    // deployment when nothing else is left; after one attempt, moving on to
+    // the next group is the better bet.
+    const bool allow_cooling = tried_in_group_.empty();
+
+    std::optional<Taken> taken;
+    const bool avoid_timed_out = last_failed_timed_out_ && last_failed_ != nullptr &&
+                                 !contains(tried_in_group_, last_failed_);
+    if (avoid_timed_out) {
+      auto exclude = tried_in_group_;
+      exclude.push_back(last_failed_);
+      taken = take_in_group(group, std::move(exclude), allow_cooling, now);
+    }
+    if (!taken) taken = take_in_group(group, tried_in_group_, allow_cooling, now);
+
+    if (taken) {
+      unsigned& on_deployment = attempts_per_deployment_[taken->deployment];
+      Attempt attempt;
+      attempt.model = &group;
+      attempt.deployment = taken->deployment;
+      attempt.state = taken->state;
+      attempt.probe = taken->probe;
+      attempt.fallback = group_index_ > 0 || switched_to_context_fallbacks_;
+      attempt.wait = backoff_wait(on_deployment);
+      // Retry-After speaks for the deployment that sent it; another one can
+      // be asked at once.
+      if (pending_retry_after_ && last_failed_ == taken->deployment) {
+        attempt.wait = std::max(attempt.wait, std::min(*pending_retry_after_, policy.backoff.max));
+      }
+      attempt.hedge_after = hedge_delay(group, *taken->state, now);
+
+      pending_retry_after_.reset();
+      ++on_deployment;
+      ++attempts_made_;
+      tried_in_group_.push_back(taken->deployment);
+      return attempt;
+    }
+
+    tried_in_group_.clear();
+    group_index_ = (group_index_ + 1) % groups_.size();
+  }
+
+  // Nothing in any group can take a request right now.
+  ended_ = true;
+  return std::nullopt;
+}
+
+std::optional<Attempt> Plan::next_hedge(TimePoint now) {
+  if (ended_ || hedged_ || groups_.empty()) return std::nullopt;
+  const config::Model& group = *groups_[group_index_];
+  // Hedging onto a deployment that is cooling down only doubles the load on
+  // something already known to struggle.
+  auto taken = take_in_group(group, tried_in_group_, /*allow_cooling=*/false, now);
+  if (!taken) return std::nullopt;
+
+  hedged_ = true;
+  ++attempts_per_deployment_[taken->deployment];
+  tried_in_group_.push_back(taken->deployment);
+
+  Attempt attempt;
+  attempt.model = &group;
+  attempt.deployment = taken->deployment;
+  attempt.state = taken->state;
+  attempt.probe = taken->probe;
+  attempt.fallback = group_index_ > 0 || switched_to_context_fallbacks_;
+  attempt.hedge = true;
+  return attempt;
+}
+
+void Plan::report(const Attempt& attempt, const AttemptResult& result, TimePoint now) {
+  DeploymentState& state = *attempt.state;
+  switch (result.kind) {
+    case ResultKind::success:
+      state.record_success(now);
+      if (result.ttft) state.ttft.add(*result.ttft, now);
+      ended_ = true;
+      return;
+
+    case ResultKind::retriable:
+      state.release();
+      state.record_failure(router_->config().router.cooldown, now);
+      last_failed_ = attempt.deployment;
+      last_failed_timed_out_ = result.timed_out;
+      pending_retry_after_ = result.retry_after;
+      return;
+
+    case ResultKind::client_error:
+      state.release();
+      // The upstream answered, but a rejected request says nothing about
+      // whether it is healthy; let another request probe it.
+      if (attempt.probe) state.release_probe();
+      ended_ = true;
+      return;
+
+    case ResultKind::context_window_exceeded:
+      state.release();
+      if (attempt.probe) state.release_probe();
+      if (!switched_to_context_fallbacks_ && !requested_->context_window_fallbacks.empty()) {
+        switched_to_context_fallbacks_ = true;
+        groups_.clear();
+        resolve_groups(requested_->context_window_fallbacks);
+        group_index_ = 0;
+        tried_in_group_.clear();
+        last_failed_ = nullptr;
+        last_failed_timed_out_ = false;
+        pending_retry_after_.reset();
+        if (groups_.empty()) ended_ = true;
+      } else {
+        ended_ = true;
+      }
+      return;
+  }
+}
+
+void Plan::finish(const Attempt& attempt, bool ok, Micros total, TimePoint now) {
+  DeploymentState& state = *attempt.state;
+  state.release();
+  if (ok) {
+    // A broken-off response's duration is not a latency anyone would get.
+    if (!stream_) state.total.add(total, now);
+  } else {
+    state.record_midstream_failure(router_->config().router.cooldown, now);
+  }
+}
+
+void Plan::abandon(const Attempt& attempt) {
+  attempt.state->release();
+  if (attempt.probe) attempt.state->release_probe();
+}
+
+bool Plan::can_retry() const {
+  return !ended_ && attempts_made_ < router_->config().router.retries + 1;
+}
+
+}  // namespace sluice::router
