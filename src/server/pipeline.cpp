@@ -3,6 +3,8 @@
 #include <array>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/buffer.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
@@ -148,94 +150,213 @@ struct ProxyInputs {
   std::string_view body_suffix;
 };
 
+using StartResult = Result<std::unique_ptr<upstream::Exchange>, upstream::UpstreamError>;
+
+// One upstream attempt, run in a coroutine of its own so that a hedge can
+// race it. Owns everything the request points into until it completes.
+struct AttemptTask {
+  router::Attempt attempt;
+  std::string model_literal;
+  std::string target;
+  std::string fields;
+  upstream::Request request;
+  upstream::Limits limits;
+  TimePoint started_at{};
+  upstream::AbortHandle abort_handle;
+  std::optional<StartResult> result;
+  bool launched = false;
+  bool running = false;
+
+  bool has_usable_head() const {
+    return result && result->ok() && result->value()->status() < 400;
+  }
+};
+
+net::awaitable<void> run_attempt(upstream::Client& client, AttemptTask& task,
+                                 net::steady_timer& wakeup) {
+  task.result.emplace(co_await client.start(upstream::Origin::from(*task.attempt.deployment),
+                                            task.request, task.limits, task.abort_handle));
+  task.running = false;
+  wakeup.cancel();
+}
+
+void launch(RequestContext& context, const ProxyInputs& inputs, AttemptTask& task,
+            const router::Attempt& attempt, stream::ClientWatch& watch,
+            net::steady_timer& wakeup) {
+  const auto& deployment = *attempt.deployment;
+  task.attempt = attempt;
+  append_json_string(task.model_literal, deployment.upstream_model);
+  task.target = deployment.base_url.path_prefix;
+  task.target.append(inputs.endpoint).append(inputs.query);
+  task.fields = inputs.forward_fields + deployment_fields(deployment);
+  task.request = upstream::Request{
+      "POST", task.target, task.fields, {inputs.body_prefix, task.model_literal, inputs.body_suffix}};
+  task.started_at = Clock::now();
+  task.limits = upstream::Limits{deployment.timeouts.connect, deployment.timeouts.ttft,
+                                 deployment.timeouts.idle,
+                                 task.started_at + deployment.timeouts.total};
+  task.launched = task.running = true;
+  watch.watch(&task.abort_handle);
+  net::co_spawn(context.client.get_executor(),
+                run_attempt(context.worker.client(), task, wakeup), net::detached);
+}
+
+// What a failed attempt left for the client, should it be the last one.
+struct FailedAttempt {
+  router::ResultKind kind = router::ResultKind::retriable;
+  std::optional<ApiError> gateway_error;  // a connection-level failure
+  unsigned status = 0;                    // an upstream HTTP error, relayed as is
+  std::string content_type;
+  std::string body;
+  std::optional<std::chrono::milliseconds> retry_after;
+};
+
+// Classifies a finished attempt that produced no usable head and reports it
+// to the plan.
+net::awaitable<FailedAttempt> settle_failure(RequestContext& context, router::Plan& plan,
+                                             AttemptTask& task) {
+  FailedAttempt failed;
+  const auto& deployment = *task.attempt.deployment;
+  context.deployment_id = deployment.id;
+  auto& result = *task.result;
+  if (!result) {
+    const auto& error = result.error();
+    spdlog::debug("request {}: deployment {} failed: {}", context.request_id, deployment.id,
+                  error.describe());
+    plan.report(task.attempt,
+                {router::ResultKind::retriable, error.is_timeout(), std::nullopt, std::nullopt},
+                Clock::now());
+    std::string message = "Upstream deployment " + deployment.id + " failed: " + error.describe();
+    failed.gateway_error = error.is_timeout() ? ApiError::upstream_timeout(std::move(message))
+                                              : ApiError::upstream_unreachable(std::move(message));
+    co_return failed;
+  }
+  auto& exchange = *result.value();
+  failed.status = exchange.status();
+  failed.body = co_await read_error_body(exchange, context.relay_buffer);
+  redact(failed.body, deployment.api_key);
+  auto content_type = exchange.head()[http::field::content_type];
+  failed.content_type = content_type.empty() ? "application/json" : std::string(content_type);
+  failed.retry_after = retry_after(exchange);
+  failed.kind = router::classify_status(failed.status, failed.body);
+  auto ttft = std::chrono::duration_cast<router::Micros>(exchange.timing().first_byte -
+                                                         exchange.timing().sent);
+  plan.report(task.attempt, {failed.kind, false, ttft, failed.retry_after}, Clock::now());
+  spdlog::debug("request {}: deployment {} answered {}", context.request_id, deployment.id,
+                failed.status);
+  co_return failed;
+}
+
+net::awaitable<bool> respond_failure(RequestContext& context, const FailedAttempt& failed) {
+  if (failed.gateway_error) co_return co_await respond_error(context, *failed.gateway_error);
+  std::string extra = sluice_fields(context);
+  if (failed.retry_after) {
+    auto seconds = std::chrono::duration_cast<std::chrono::seconds>(*failed.retry_after).count();
+    extra.append("Retry-After: ").append(std::to_string(seconds)).append("\r\n");
+  }
+  co_return co_await write_response(context, failed.status, failed.content_type, failed.body,
+                                    extra);
+}
+
 net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
                            stream::ClientWatch& watch) {
-  auto& worker = context.worker;
-  auto plan = context.snapshot->router->plan(*context.model, context.stream, worker.next_random());
-  std::optional<ApiError> last_error;
+  auto executor = context.client.get_executor();
+  auto plan = context.snapshot->router->plan(*context.model, context.stream,
+                                             context.worker.next_random());
+  net::steady_timer wakeup(executor);
+  std::optional<FailedAttempt> last_failure;
 
   while (auto attempt = plan.next(Clock::now())) {
     ++context.attempts;
     if (attempt->wait > 0ms) {
-      net::steady_timer pause(context.client.get_executor(), attempt->wait);
+      net::steady_timer pause(executor, attempt->wait);
       co_await pause.async_wait(as_tuple(use_awaitable));
       if (watch.client_gone()) {
         plan.abandon(*attempt);
         co_return false;
       }
     }
-    const auto& deployment = *attempt->deployment;
-    context.deployment_id = deployment.id;
 
-    std::string model_literal;
-    append_json_string(model_literal, deployment.upstream_model);
-    std::string target = deployment.base_url.path_prefix;
-    target.append(inputs.endpoint).append(inputs.query);
-    std::string fields = inputs.forward_fields + deployment_fields(deployment);
-    upstream::Request request{"POST", target, fields,
-                              {inputs.body_prefix, model_literal, inputs.body_suffix}};
-    auto started_at = Clock::now();
-    upstream::Limits limits{deployment.timeouts.connect, deployment.timeouts.ttft,
-                            deployment.timeouts.idle, started_at + deployment.timeouts.total};
+    // The primary attempt and at most one hedge race for the first byte.
+    std::array<AttemptTask, 2> tasks;
+    launch(context, inputs, tasks[0], *attempt, watch, wakeup);
+    std::optional<TimePoint> hedge_at;
+    if (attempt->hedge_after) hedge_at = tasks[0].started_at + *attempt->hedge_after;
 
-    upstream::AbortHandle abort_handle;
-    watch.watch(&abort_handle);
-    auto started = co_await worker.client().start(upstream::Origin::from(deployment), request,
-                                                  limits, abort_handle);
-    if (!started) {
-      watch.unwatch(&abort_handle);
-      const auto& error = started.error();
-      if (watch.client_gone()) {
-        plan.abandon(*attempt);
-        co_return false;
+    AttemptTask* winner = nullptr;
+    for (;;) {
+      for (auto& task : tasks) {
+        if (task.launched && !task.running && task.has_usable_head()) {
+          winner = &task;
+          break;
+        }
       }
-      spdlog::debug("request {}: deployment {} failed: {}", context.request_id, deployment.id,
-                    error.describe());
-      plan.report(*attempt, {router::ResultKind::retriable, error.is_timeout(), std::nullopt, std::nullopt},
-                  Clock::now());
-      std::string message = "Upstream deployment " + deployment.id + " failed: " + error.describe();
-      last_error = error.is_timeout() ? ApiError::upstream_timeout(std::move(message))
-                                      : ApiError::upstream_unreachable(std::move(message));
+      bool any_running = tasks[0].running || tasks[1].running;
+      if (winner || !any_running) break;
+      wakeup.expires_at(hedge_at ? *hedge_at : TimePoint::max());
+      co_await wakeup.async_wait(as_tuple(use_awaitable));
+      if (hedge_at && Clock::now() >= *hedge_at) {
+        hedge_at.reset();
+        if (tasks[0].running && !watch.client_gone()) {
+          if (auto hedge = plan.next_hedge(Clock::now())) {
+            ++context.attempts;
+            launch(context, inputs, tasks[1], *hedge, watch, wakeup);
+          }
+        }
+      }
+    }
+
+    // Stop the loser, if still running, and wait until its coroutine is done
+    // with the task's storage.
+    for (auto& task : tasks) {
+      if (&task != winner && task.running) task.abort_handle.abort();
+    }
+    while (tasks[0].running || tasks[1].running) {
+      wakeup.expires_at(TimePoint::max());
+      co_await wakeup.async_wait(as_tuple(use_awaitable));
+    }
+    for (auto& task : tasks) watch.unwatch(&task.abort_handle);
+
+    if (watch.client_gone()) {
+      for (auto& task : tasks) {
+        if (task.launched) plan.abandon(task.attempt);
+      }
+      co_return false;
+    }
+
+    // Failed attempts count against their deployment, except one aborted
+    // because the other won.
+    bool answer_now = false;
+    for (auto& task : tasks) {
+      if (!task.launched || &task == winner) continue;
+      bool lost_race = winner && task.abort_handle.aborted();
+      bool superseded = winner && task.result && task.result->ok() && task.has_usable_head();
+      if (lost_race || superseded) {
+        plan.abandon(task.attempt);
+        continue;
+      }
+      last_failure = co_await settle_failure(context, plan, task);
+      if (watch.client_gone()) co_return false;
+      if (last_failure->kind == router::ResultKind::client_error) answer_now = true;
+    }
+    if (!winner) {
+      if (answer_now || !plan.can_retry()) break;
       continue;
     }
 
-    auto& exchange = *started.value();
+    auto& exchange = *winner->result->value();
+    const auto& deployment = *winner->attempt.deployment;
+    context.deployment_id = deployment.id;
     auto ttft = std::chrono::duration_cast<router::Micros>(exchange.timing().first_byte -
                                                            exchange.timing().sent);
-    if (exchange.status() >= 400) {
-      std::string body = co_await read_error_body(exchange, context.relay_buffer);
-      watch.unwatch(&abort_handle);
-      if (watch.client_gone()) {
-        plan.abandon(*attempt);
-        co_return false;
-      }
-      router::AttemptResult result{router::classify_status(exchange.status(), body), false, ttft,
-                                   retry_after(exchange)};
-      plan.report(*attempt, result, Clock::now());
-      if (result.kind != router::ResultKind::client_error && plan.can_retry()) continue;
-      redact(body, deployment.api_key);
-      auto content_type = exchange.head()[http::field::content_type];
-      std::string extra = sluice_fields(context);
-      if (result.retry_after) {
-        extra.append("Retry-After: ")
-            .append(std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
-                                        *result.retry_after)
-                                        .count()))
-            .append("\r\n");
-      }
-      co_return co_await write_response(
-          context, exchange.status(),
-          content_type.empty() ? std::string_view("application/json")
-                               : std::string_view(content_type.data(), content_type.size()),
-          body, extra);
-    }
-
-    plan.report(*attempt, {router::ResultKind::success, false, ttft, std::nullopt}, Clock::now());
+    plan.report(winner->attempt, {router::ResultKind::success, false, ttft, std::nullopt},
+                Clock::now());
+    watch.watch(&winner->abort_handle);
     stream::Relay relay(context.client, context.relay_buffer, deployment.timeouts.idle);
     auto outcome = co_await relay.run(exchange, sluice_fields(context), context.keep_alive);
-    watch.unwatch(&abort_handle);
-    plan.finish(*attempt, outcome.complete,
-                std::chrono::duration_cast<router::Micros>(Clock::now() - started_at),
+    watch.unwatch(&winner->abort_handle);
+    plan.finish(winner->attempt, outcome.complete,
+                std::chrono::duration_cast<router::Micros>(Clock::now() - winner->started_at),
                 Clock::now());
     if (outcome.nothing_sent && outcome.upstream_error && !watch.client_gone()) {
       // The upstream broke between its head and its first body byte: the
@@ -250,15 +371,13 @@ net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
   }
 
   if (watch.client_gone()) co_return false;
-  if (!last_error) {
-    // No attempt could be made: every deployment is at its limits.
-    co_return co_await respond_error(
-        context,
-        ApiError::overloaded("No deployment of model `" + context.model->name +
-                             "` can take the request now (all at max_parallel or rpm)."),
-        "Retry-After: 1\r\n");
-  }
-  co_return co_await respond_error(context, *last_error);
+  if (last_failure) co_return co_await respond_failure(context, *last_failure);
+  // No attempt could be made: every deployment is at its limits.
+  co_return co_await respond_error(
+      context,
+      ApiError::overloaded("No deployment of model `" + context.model->name +
+                           "` can take the request now (all at max_parallel or rpm)."),
+      "Retry-After: 1\r\n");
 }
 
 }  // namespace

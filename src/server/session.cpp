@@ -8,6 +8,7 @@
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
+#include <array>
 #include <cstdio>
 #include <optional>
 #include <spdlog/spdlog.h>
@@ -59,6 +60,22 @@ net::awaitable<void> write_plain_error(beast::tcp_stream& client, const ApiError
                          std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
   client.expires_after(std::chrono::seconds(5));
   co_await net::async_write(client, net::buffer(response), as_tuple(use_awaitable));
+}
+
+// Closing right after an error answer while the client is still sending
+// would make the kernel reset the connection and discard the answer: send
+// FIN, then read and drop what is still coming for a short while.
+net::awaitable<void> close_gracefully(beast::tcp_stream& client) {
+  error_code ignored;
+  client.socket().shutdown(net::ip::tcp::socket::shutdown_send, ignored);
+  client.expires_after(std::chrono::seconds(1));
+  std::array<char, 4096> sink;
+  for (std::size_t drained = 0; drained < 1024 * 1024;) {
+    auto [ec, n] = co_await client.async_read_some(net::buffer(sink), as_tuple(use_awaitable));
+    if (ec) break;
+    drained += n;
+  }
+  client.close();
 }
 
 }  // namespace
@@ -121,8 +138,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     if (!keep_alive) break;
   }
 
-  client.socket().shutdown(net::ip::tcp::socket::shutdown_send, ignored);
-  client.close();
+  co_await close_gracefully(client);
   gateway.open_connections().fetch_sub(1, std::memory_order_relaxed);
 }
 
@@ -130,8 +146,7 @@ net::awaitable<void> refuse_connection(net::ip::tcp::socket socket) {
   beast::tcp_stream client(std::move(socket));
   co_await write_plain_error(
       client, ApiError::overloaded("The gateway is at its connection limit; retry shortly."));
-  error_code ignored;
-  client.socket().shutdown(net::ip::tcp::socket::shutdown_send, ignored);
+  co_await close_gracefully(client);
 }
 
 }  // namespace sluice::server

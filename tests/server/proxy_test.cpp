@@ -1,0 +1,239 @@
+// The gateway against sluice-mock over real sockets: relay timing, pooling,
+// cancellation, rewriting and every error the gateway answers itself.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "support/gateway_fixture.hpp"
+#include "support/http_client.hpp"
+
+namespace sluice::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+std::string one_model(const std::string& base_url, const std::string& extra = "",
+                      const std::string& server = "") {
+  return server + "models:\n  - name: chat\n    deployments:\n" +
+         deployment_yaml("d1", base_url, extra);
+}
+
+TEST(Proxy, FirstStreamEventReachesClientWhileUpstreamSleepsBeforeSecond) {
+  mock::Behaviour behaviour;
+  behaviour.interval = 1500ms;
+  behaviour.tokens = 3;
+  auto upstream = start_mock(behaviour);
+  TestGateway gateway(one_model(upstream->base_url()));
+
+  HttpConnection client(gateway.port());
+  auto sent = Clock::now();
+  client.send("POST", "/v1/chat/completions", chat_body("chat", true));
+  auto head = client.read_head();
+  ASSERT_EQ(head.status, 200u);
+  EXPECT_EQ(head.header("transfer-encoding"), "chunked");
+  EXPECT_EQ(head.header("content-type").substr(0, 17), "text/event-stream");
+  auto first = client.read_body_piece();
+  auto first_at = Clock::now();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_NE(first->find("tok0"), std::string::npos);
+  // The second event is due 1.5 s after the first: the first must not wait for it.
+  EXPECT_LT(first_at - sent, 750ms);
+  EXPECT_EQ(first->find("tok1"), std::string::npos);
+}
+
+TEST(Proxy, WholeStreamIsRelayedIntactAndEndsWithDone) {
+  mock::Behaviour behaviour;
+  behaviour.tokens = 20;
+  auto upstream = start_mock(behaviour);
+  TestGateway gateway(one_model(upstream->base_url()));
+
+  auto response = http_request(gateway.port(), "POST", "/v1/chat/completions",
+                               chat_body("chat", true));
+  ASSERT_EQ(response.status, 200u);
+  auto events = sse_data(response.body);
+  ASSERT_EQ(events.size(), 22u);  // 20 tokens, the finish chunk, [DONE]
+  std::string text;
+  for (std::size_t i = 0; i + 1 < events.size(); ++i) {
+    auto chunk = json::parse(events[i]);
+    EXPECT_EQ(chunk["model"], "mock-model");
+    auto& delta = chunk["choices"][0]["delta"];
+    if (delta.contains("content")) text += delta["content"].get<std::string>();
+  }
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_EQ(text.substr(0, 10), "tok0 tok1 ");
+}
+
+TEST(Proxy, HundredSequentialRequestsUseOneUpstreamConnection) {
+  auto upstream = start_mock();
+  TestGateway gateway(one_model(upstream->base_url()));
+
+  HttpConnection client(gateway.port());
+  for (int i = 0; i < 100; ++i) {
+    bool stream = i % 2 == 0;
+    auto response = client.request("POST", "/v1/chat/completions", chat_body("chat", stream));
+    ASSERT_EQ(response.status, 200u) << response.body;
+  }
+  auto stats = upstream->stats();
+  EXPECT_EQ(stats.requests, 100u);
+  EXPECT_EQ(stats.connections_accepted, 1u);
+  // The connection returns to the pool just after the last byte is written.
+  EXPECT_TRUE(eventually([&] { return gateway.idle_upstream_connections() == 1; }, 1s));
+  EXPECT_EQ(gateway.active_upstream_connections(), 0);
+}
+
+TEST(Proxy, ClientDisconnectCancelsUpstreamWithin100ms) {
+  mock::Behaviour behaviour;
+  behaviour.interval = 3000ms;
+  behaviour.tokens = 4;
+  auto upstream = start_mock(behaviour);
+  TestGateway gateway(one_model(upstream->base_url()));
+
+  {
+    HttpConnection client(gateway.port());
+    client.send("POST", "/v1/chat/completions", chat_body("chat", true));
+    ASSERT_EQ(client.read_head().status, 200u);
+    ASSERT_TRUE(client.read_body_piece().has_value());
+    ASSERT_EQ(upstream->stats().open_connections, 1u);
+    client.close();
+    auto closed_at = Clock::now();
+    ASSERT_TRUE(eventually([&] { return upstream->stats().streams_cancelled == 1; }, 2s));
+    EXPECT_LT(Clock::now() - closed_at, 100ms);
+  }
+  EXPECT_TRUE(eventually([&] { return upstream->stats().open_connections == 0; }, 1s));
+  // A connection whose response was cut short is never pooled.
+  EXPECT_EQ(gateway.idle_upstream_connections(), 0);
+  EXPECT_TRUE(eventually([&] { return gateway.active_upstream_connections() == 0; }, 1s));
+}
+
+TEST(Proxy, ClientDisconnectWhileWaitingForFirstByteCancelsUpstream) {
+  mock::Behaviour behaviour;
+  behaviour.ttft = 5000ms;
+  auto upstream = start_mock(behaviour);
+  TestGateway gateway(one_model(upstream->base_url()));
+
+  HttpConnection client(gateway.port());
+  client.send("POST", "/v1/chat/completions", chat_body("chat", true));
+  ASSERT_TRUE(eventually([&] { return upstream->stats().requests == 1; }, 2s));
+  client.close();
+  auto closed_at = Clock::now();
+  ASSERT_TRUE(eventually([&] { return upstream->stats().open_connections == 0; }, 2s));
+  EXPECT_LT(Clock::now() - closed_at, 100ms);
+}
+
+TEST(Proxy, RewritesModelAndCredentialsAndDropsHopByHopHeaders) {
+  auto upstream = start_mock();
+  TestGateway gateway(
+      "models:\n  - name: chat\n    deployments:\n      - id: d1\n        base_url: " +
+      upstream->base_url() +
+      "\n        model: upstream-name\n        api_key: sk-deployment-secret\n"
+      "        headers: {OpenAI-Organization: org-7}\n");
+
+  auto body = R"({"temperature":0.5,"model":"chat","messages":[{"role":"user","content":"x"}]})";
+  auto response = http_request(gateway.port(), "POST", "/v1/chat/completions", body,
+                               {{"Authorization", "Bearer client-key"},
+                                {"x-api-key", "client-key"},
+                                {"x-request-id", "trace-123"},
+                                {"Proxy-Connection", "keep-alive"},
+                                {"X-Custom", "kept"}});
+  ASSERT_EQ(response.status, 200u) << response.body;
+  EXPECT_EQ(response.header("x-request-id"), "trace-123");
+  EXPECT_EQ(response.header("x-sluice-deployment"), "d1");
+  EXPECT_EQ(json::parse(response.body)["model"], "upstream-name");
+
+  auto recorded = upstream->recent_requests();
+  ASSERT_EQ(recorded.size(), 1u);
+  const auto& seen = recorded[0];
+  EXPECT_EQ(seen.target, "/v1/chat/completions");
+  EXPECT_EQ(seen.header("authorization").value_or(""), "Bearer sk-deployment-secret");
+  EXPECT_FALSE(seen.header("x-api-key").has_value());
+  EXPECT_FALSE(seen.header("proxy-connection").has_value());
+  EXPECT_EQ(seen.header("x-request-id").value_or(""), "trace-123");
+  EXPECT_EQ(seen.header("openai-organization").value_or(""), "org-7");
+  EXPECT_EQ(seen.header("x-custom").value_or(""), "kept");
+  // Only the model value changed; everything else is byte for byte the client's.
+  EXPECT_EQ(seen.body,
+            R"({"temperature":0.5,"model":"upstream-name","messages":[{"role":"user","content":"x"}]})");
+}
+
+TEST(Proxy, GeneratesRequestIdWhenAbsent) {
+  auto upstream = start_mock();
+  TestGateway gateway(one_model(upstream->base_url()));
+  auto response =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
+  ASSERT_EQ(response.status, 200u);
+  auto id = response.header("x-request-id");
+  EXPECT_FALSE(id.empty());
+  EXPECT_EQ(upstream->recent_requests().at(0).header("x-request-id").value_or(""), id);
+}
+
+TEST(Proxy, PathPrefixOfBaseUrlIsKept) {
+  auto upstream = start_mock();
+  auto base = "http://127.0.0.1:" + std::to_string(upstream->port()) + "/openai/v1";
+  TestGateway gateway(one_model(base));
+  auto response =
+      http_request(gateway.port(), "POST", "/v1/embeddings", R"({"model":"chat","input":"hi"})");
+  ASSERT_EQ(response.status, 200u) << response.body;
+  EXPECT_EQ(upstream->recent_requests().at(0).target, "/openai/v1/embeddings");
+  EXPECT_FALSE(json::parse(response.body)["data"][0]["embedding"].empty());
+}
+
+TEST(Proxy, NonStreamingResponseKeepsContentLength) {
+  auto upstream = start_mock();
+  TestGateway gateway(one_model(upstream->base_url()));
+  auto response =
+      http_request(gateway.port(), "POST", "/v1/completions", R"({"model":"chat","prompt":"x"})");
+  ASSERT_EQ(response.status, 200u);
+  EXPECT_EQ(response.header("content-length"), std::to_string(response.body.size()));
+  EXPECT_FALSE(response.has_header("transfer-encoding"));
+  EXPECT_EQ(json::parse(response.body)["object"], "text_completion");
+}
+
+TEST(Proxy, DeadPooledConnectionIsReplacedOnce) {
+  mock::MockServer::Options options;
+  auto upstream = std::make_unique<mock::MockServer>(options);
+  upstream->start();
+  auto port = upstream->port();
+  TestGateway gateway(one_model(upstream->base_url()));
+
+  HttpConnection client(gateway.port());
+  ASSERT_EQ(client.request("POST", "/v1/chat/completions", chat_body("chat", false)).status, 200u);
+  ASSERT_TRUE(eventually([&] { return gateway.idle_upstream_connections() == 1; }, 1s));
+
+  // The upstream restarts: the pooled connection is now dead.
+  upstream->stop();
+  upstream.reset();
+  options.port = port;
+  auto restarted = std::make_unique<mock::MockServer>(options);
+  restarted->start();
+
+  auto response = client.request("POST", "/v1/chat/completions", chat_body("chat", false));
+  EXPECT_EQ(response.status, 200u) << response.body;
+  EXPECT_EQ(response.header("x-sluice-attempts"), "1");
+  EXPECT_EQ(restarted->stats().requests, 1u);
+}
+
+TEST(Proxy, HealthAndModels) {
+  auto upstream = start_mock();
+  TestGateway gateway("models:\n  - name: chat\n    deployments:\n" +
+                      deployment_yaml("d1", upstream->base_url()) +
+                      "  - name: embed\n    deployments:\n" +
+                      deployment_yaml("d2", upstream->base_url()));
+  auto health = http_request(gateway.port(), "GET", "/health");
+  EXPECT_EQ(health.status, 200u);
+  EXPECT_EQ(json::parse(health.body)["status"], "ok");
+
+  auto models = http_request(gateway.port(), "GET", "/v1/models");
+  ASSERT_EQ(models.status, 200u);
+  auto list = json::parse(models.body);
+  EXPECT_EQ(list["object"], "list");
+  ASSERT_EQ(list["data"].size(), 2u);
+  EXPECT_EQ(list["data"][0]["id"], "chat");
+  EXPECT_EQ(list["data"][1]["id"], "embed");
+  EXPECT_EQ(list["data"][0]["object"], "model");
+}
+
+}  // namespace
+}  // namespace sluice::testing
