@@ -15,6 +15,8 @@
 
 namespace {
 
+constexpr std::chrono::milliseconds kDrainTimeout{30000};
+
 constexpr const char* kUsage = R"(usage: sluice [--config FILE] [--check-config FILE] [--version] [--help]
 
   --config FILE        run the gateway with this YAML config (default: $SLUICE_CONFIG)
@@ -75,8 +77,9 @@ int run(const std::string& path) {
           signals.async_wait(on_signal);
           return;
         }
-        spdlog::info("signal {} received, stopping", signal);
-        gateway.stop();
+        spdlog::info("signal {} received: draining (up to {} ms), then stopping", signal,
+                     kDrainTimeout.count());
+        gateway.drain_and_stop(kDrainTimeout);
       };
   signals.async_wait(on_signal);
   signals_context.run();

@@ -4,6 +4,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/ip/address.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <nlohmann/json.hpp>
@@ -47,6 +48,15 @@ Worker::~Worker() {
   pool_.shut_down();
 }
 
+void Worker::close_idle_connections() {
+  for (auto* connection : connections_) {
+    if (connection->idle) {
+      error_code ignored;
+      connection->socket->cancel(ignored);
+    }
+  }
+}
+
 std::uint64_t Worker::next_random() {
   // xorshift64*: per-worker, so no shared state on the request path.
   random_state_ ^= random_state_ >> 12;
@@ -80,7 +90,7 @@ net::awaitable<void> accept_connections(Gateway& gateway, tcp::acceptor& accepto
     auto& worker = *workers[next++ % workers.size()];
     auto [ec, socket] =
         co_await acceptor.async_accept(worker.context(), as_tuple(use_awaitable));
-    if (ec == net::error::operation_aborted || !acceptor.is_open()) co_return;
+    if (ec == net::error::operation_aborted || !acceptor.is_open() || gateway.draining()) co_return;
     if (ec) {
       // Out of descriptors or a connection reset while queued: pause briefly
       // rather than spin, then keep accepting.
@@ -136,6 +146,34 @@ void Gateway::start() {
     worker->thread_ = std::thread([&context = worker->context()] { context.run(); });
   }
   running_ = true;
+}
+
+void Gateway::drain_and_stop(std::chrono::milliseconds drain_timeout) {
+  {
+    std::lock_guard lock(lifecycle_mutex_);
+    if (!running_) return;
+    draining_ = true;
+    net::post(acceptor_->get_executor(), [acceptor = acceptor_.get()] {
+      error_code ignored;
+      acceptor->close(ignored);
+    });
+    for (auto& worker : workers_) {
+      net::post(worker->context(), [w = worker.get()] { w->close_idle_connections(); });
+    }
+  }
+  auto deadline = Clock::now() + drain_timeout;
+  while (open_connections_.load() > 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    // A connection that turned idle after the first sweep is closed too.
+    std::lock_guard lock(lifecycle_mutex_);
+    for (auto& worker : workers_) {
+      net::post(worker->context(), [w = worker.get()] { w->close_idle_connections(); });
+    }
+  }
+  if (open_connections_.load() > 0) {
+    spdlog::warn("drain timeout: closing {} connections still open", open_connections_.load());
+  }
+  stop();
 }
 
 void Gateway::stop() {

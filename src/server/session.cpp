@@ -87,6 +87,8 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
   beast::tcp_stream client(std::move(socket));
   beast::flat_buffer buffer;
   std::vector<char> relay_buffer(16 * 1024);
+  ClientConnection tracked{&client.socket()};
+  worker.track(&tracked);
 
   for (bool first = true;; first = false) {
     auto snapshot = gateway.snapshot();
@@ -98,8 +100,11 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     auto head_started = Clock::now();
     client.expires_after(first || buffer.size() > 0 ? limits.header_timeout
                                                     : limits.keepalive_timeout);
+    tracked.idle = buffer.size() == 0;
+    if (tracked.idle && gateway.draining()) break;
     auto [head_ec, head_bytes] =
         co_await http::async_read_header(client, buffer, parser, as_tuple(use_awaitable));
+    tracked.idle = false;
     if (head_ec) {
       if (auto error = read_error_response(head_ec, limits)) {
         co_await write_plain_error(client, *error);
@@ -127,9 +132,8 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     client.expires_never();
 
     auto& request = parser.get();
-    RequestContext context{worker,       snapshot,     request,
-                           client,       buffer,       relay_buffer,
-                           request.keep_alive()};
+    RequestContext context{worker, snapshot, request, client, buffer, relay_buffer,
+                           request.keep_alive() && !gateway.draining()};
     context.request_id = request_id_for(request, worker);
     context.head_started = head_started;
     context.body_read = Clock::now();
@@ -138,6 +142,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     if (!keep_alive) break;
   }
 
+  worker.untrack(&tracked);
   co_await close_gracefully(client);
   gateway.open_connections().fetch_sub(1, std::memory_order_relaxed);
 }

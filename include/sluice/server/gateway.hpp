@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "sluice/config/config.hpp"
@@ -30,6 +31,13 @@ struct Snapshot {
 
 class Gateway;
 
+// A client connection as its worker sees it: enough to close it when the
+// gateway drains while it waits, idle, for its next request.
+struct ClientConnection {
+  boost::asio::ip::tcp::socket* socket = nullptr;
+  bool idle = true;  // between requests, nothing read of the next one yet
+};
+
 // One event-loop thread with its own io_context and upstream pool. A client
 // connection lives on one worker for its whole life, so the per-connection
 // and per-pool state needs no locks and no strands.
@@ -45,8 +53,16 @@ class Worker {
   unsigned index() const { return index_; }
   std::uint64_t next_random();
 
+  // Called on the worker's own thread only.
+  void track(ClientConnection* connection) { connections_.insert(connection); }
+  void untrack(ClientConnection* connection) { connections_.erase(connection); }
+  // Closes the connections that wait idle for a next request; busy ones
+  // finish their request and then close, because the gateway is draining.
+  void close_idle_connections();
+
  private:
   friend class Gateway;
+  std::unordered_set<ClientConnection*> connections_;
   Gateway& gateway_;
   unsigned index_;
   // The pool is declared before the context so that it outlives the
@@ -72,6 +88,11 @@ class Gateway {
   void start();
   // Stops accepting, closes every connection and joins the threads.
   void stop();
+  // Graceful stop: stops accepting, lets requests in flight (streams
+  // included) finish for up to `drain_timeout`, closes idle connections at
+  // once, then stops.
+  void drain_and_stop(std::chrono::milliseconds drain_timeout);
+  bool draining() const { return draining_.load(std::memory_order_relaxed); }
 
   std::uint16_t port() const { return bound_port_; }
   std::string listen_url() const;
@@ -96,6 +117,7 @@ class Gateway {
   std::uint16_t bound_port_ = 0;
   std::string bound_host_;
   std::atomic<unsigned> open_connections_{0};
+  std::atomic<bool> draining_{false};
   std::atomic<unsigned> next_worker_{0};
   std::mutex lifecycle_mutex_;
   bool running_ = false;

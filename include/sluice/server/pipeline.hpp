@@ -27,7 +27,7 @@ struct RequestContext {
   std::vector<char>& relay_buffer;           // reused by every request on the connection
   bool keep_alive = true;
 
-  std::string request_id;
+  std::string request_id{};
   TimePoint head_started{};  // first byte of the request seen (or read started)
   TimePoint body_read{};
 
@@ -35,7 +35,7 @@ struct RequestContext {
   const config::Model* model = nullptr;
   bool stream = false;
   unsigned attempts = 0;
-  std::string deployment_id;
+  std::string deployment_id{};
 };
 
 // The only place that knows the order of the stages: route the path, parse
