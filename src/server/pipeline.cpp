@@ -14,6 +14,7 @@
 
 #include "sluice/common/http_head.hpp"
 #include "sluice/common/json_scan.hpp"
+#include "sluice/common/request_body.hpp"
 #include "sluice/stream/client_watch.hpp"
 #include "sluice/stream/relay.hpp"
 #include "sluice/upstream/client.hpp"
@@ -423,38 +424,14 @@ net::awaitable<bool> Pipeline::handle(RequestContext& context) {
   }
 
   const std::string& body = request.body();
-  auto json = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded()) {
-    co_return co_await respond_error(
-        context, ApiError::invalid_request(
-                     "We could not parse the JSON body of your request. The body must be valid "
-                     "JSON (UTF-8).",
-                     "", "invalid_json"));
-  }
-  if (!json.is_object()) {
-    co_return co_await respond_error(
-        context, ApiError::invalid_request("The request body must be a JSON object.", "",
-                                           "invalid_type"));
-  }
-  auto model_field = json.find("model");
-  if (model_field == json.end()) {
-    co_return co_await respond_error(
-        context, ApiError::invalid_request("You must provide a model parameter.", "model",
-                                           "missing_required_parameter"));
-  }
-  if (!model_field->is_string()) {
-    co_return co_await respond_error(
-        context,
-        ApiError::invalid_request("The model parameter must be a string.", "model", "invalid_type"));
-  }
-  const auto& model_name = model_field->get_ref<const std::string&>();
+  auto inspected = inspect_request_body(body);
+  if (!inspected) co_return co_await respond_error(context, inspected.error());
+  const auto& model_name = inspected->model;
   context.model = context.snapshot->config->find_model(model_name);
   if (!context.model) {
     co_return co_await respond_error(context, ApiError::model_not_found(model_name));
   }
-  auto stream_field = json.find("stream");
-  context.stream = stream_field != json.end() && stream_field->is_boolean() &&
-                   stream_field->get<bool>();
+  context.stream = inspected->stream;
 
   ProxyInputs inputs;
   inputs.endpoint = *endpoint;
@@ -467,7 +444,8 @@ net::awaitable<bool> Pipeline::handle(RequestContext& context) {
     inputs.body_prefix = std::string_view(body).substr(0, span->begin);
     inputs.body_suffix = std::string_view(body).substr(span->end);
   } else {
-    // A key spelled with escapes: fall back to the parsed document.
+    // A key spelled with escapes: fall back to a parsed document.
+    auto json = nlohmann::json::parse(body);
     json.erase("model");
     respliced = json.dump();
     respliced.insert(1, R"("model":)");

@@ -1,0 +1,143 @@
+#include "sluice/common/request_body.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace sluice {
+
+namespace {
+
+using json = nlohmann::json;
+
+// A SAX handler: validates while it reads, remembers only top-level fields
+// (and stream_options.include_usage), and stops at the first problem.
+class BodyInspector : public nlohmann::json_sax<json> {
+ public:
+  explicit BodyInspector(int max_depth) : max_depth_(max_depth) {}
+
+  bool null() override { return value(Kind::other); }
+  bool boolean(bool v) override {
+    if (depth_ == 1 && key_ == "stream") body.stream = v;
+    if (depth_ == 2 && in_stream_options_ && key_ == "include_usage") body.include_usage = v;
+    return value(Kind::other);
+  }
+  bool number_integer(number_integer_t v) override {
+    if (v >= 0) note_max_tokens(static_cast<std::uint64_t>(v));
+    return value(Kind::number);
+  }
+  bool number_unsigned(number_unsigned_t v) override {
+    note_max_tokens(v);
+    return value(Kind::number);
+  }
+  bool number_float(number_float_t, const string_t&) override { return value(Kind::number); }
+  bool string(string_t& v) override {
+    if (depth_ == 1 && key_ == "model") {
+      body.model = std::move(v);
+      model_is_string = true;
+      return true;
+    }
+    return value(Kind::other);
+  }
+  bool binary(binary_t&) override { return value(Kind::other); }
+
+  bool start_object(std::size_t) override {
+    if (depth_ == 0) top_is_object = true;
+    value(Kind::other);
+    if (depth_ == 1 && key_ == "stream_options") {
+      in_stream_options_ = true;
+      body.has_stream_options = true;
+    }
+    return enter();
+  }
+  bool end_object() override {
+    if (depth_ == 2) in_stream_options_ = false;
+    return leave();
+  }
+  bool start_array(std::size_t) override {
+    value(Kind::other);
+    return enter();
+  }
+  bool end_array() override { return leave(); }
+  bool key(string_t& k) override {
+    if (depth_ == 1) {
+      key_ = k;
+      if (k == "model") has_model = true;
+    } else if (depth_ == 2 && in_stream_options_) {
+      key_ = k;
+    }
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    syntax_error = true;
+    return false;
+  }
+
+  RequestBody body;
+  bool top_is_object = false;
+  bool has_model = false;
+  bool model_is_string = false;
+  bool too_deep = false;
+  bool syntax_error = false;
+
+ private:
+  enum class Kind { number, other };
+
+  // With a repeated key the last value wins, as in a parsed document.
+  bool value(Kind) {
+    if (depth_ == 1 && key_ == "model") model_is_string = false;
+    return true;
+  }
+  void note_max_tokens(std::uint64_t v) {
+    if (depth_ == 1 && (key_ == "max_tokens" || key_ == "max_completion_tokens" ||
+                        key_ == "max_output_tokens")) {
+      body.max_tokens = v;
+    }
+  }
+  bool enter() {
+    if (++depth_ > max_depth_) {
+      too_deep = true;
+      return false;
+    }
+    return true;
+  }
+  bool leave() {
+    --depth_;
+    return true;
+  }
+
+  int max_depth_;
+  int depth_ = 0;
+  bool in_stream_options_ = false;
+  std::string key_;
+};
+
+}  // namespace
+
+Result<RequestBody, ApiError> inspect_request_body(std::string_view body, int max_depth) {
+  BodyInspector inspector(max_depth);
+  bool ok = json::sax_parse(body, &inspector, json::input_format_t::json, /*strict=*/true);
+  if (inspector.too_deep) {
+    return ApiError::invalid_request("The JSON body is nested more than " +
+                                         std::to_string(max_depth) + " levels deep.",
+                                     "", "invalid_json");
+  }
+  if (!ok || inspector.syntax_error) {
+    return ApiError::invalid_request(
+        "We could not parse the JSON body of your request. The body must be valid JSON (UTF-8).",
+        "", "invalid_json");
+  }
+  if (!inspector.top_is_object) {
+    return ApiError::invalid_request("The request body must be a JSON object.", "",
+                                     "invalid_type");
+  }
+  if (!inspector.has_model) {
+    return ApiError::invalid_request("You must provide a model parameter.", "model",
+                                     "missing_required_parameter");
+  }
+  if (!inspector.model_is_string) {
+    return ApiError::invalid_request("The model parameter must be a string.", "model",
+                                     "invalid_type");
+  }
+  return std::move(inspector.body);
+}
+
+}  // namespace sluice

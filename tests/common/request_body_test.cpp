@@ -1,0 +1,88 @@
+#include "sluice/common/request_body.hpp"
+
+#include <gtest/gtest.h>
+
+#include "sluice/common/json_scan.hpp"
+
+namespace sluice {
+namespace {
+
+TEST(RequestBody, ExtractsModelStreamAndLimits) {
+  auto body = inspect_request_body(
+      R"({"model":"gpt","stream":true,"max_tokens":300,"stream_options":{"include_usage":true},)"
+      R"("messages":[{"role":"user","content":"hi","model":"not-this-one"}]})");
+  ASSERT_TRUE(body.ok());
+  EXPECT_EQ(body->model, "gpt");
+  EXPECT_TRUE(body->stream);
+  EXPECT_EQ(body->max_tokens, 300u);
+  EXPECT_TRUE(body->include_usage);
+  EXPECT_TRUE(body->has_stream_options);
+}
+
+TEST(RequestBody, DefaultsWhenFieldsAreAbsent) {
+  auto body = inspect_request_body(R"({"model":"m","max_completion_tokens":5})");
+  ASSERT_TRUE(body.ok());
+  EXPECT_FALSE(body->stream);
+  EXPECT_EQ(body->max_tokens, 5u);
+  EXPECT_FALSE(body->include_usage);
+  EXPECT_FALSE(body->has_stream_options);
+}
+
+TEST(RequestBody, RejectsWhatTheGatewayCannotForward) {
+  struct Case {
+    const char* body;
+    const char* code;
+  } cases[] = {
+      {"", "invalid_json"},
+      {"{\"model\":", "invalid_json"},
+      {"{\"model\":\"m\"} trailing", "invalid_json"},
+      {"[1]", "invalid_type"},
+      {"\"text\"", "invalid_type"},
+      {"{}", "missing_required_parameter"},
+      {"{\"model\":7}", "invalid_type"},
+      {"{\"model\":null}", "invalid_type"},
+      {"{\"model\":[\"a\"]}", "invalid_type"},
+      {"{\"model\":\"a\",\"model\":{}}", "invalid_type"},
+      {"{\"model\":\"\xff\"}", "invalid_json"},
+  };
+  for (const auto& c : cases) {
+    auto body = inspect_request_body(c.body);
+    ASSERT_FALSE(body.ok()) << c.body;
+    EXPECT_EQ(body.error().status, 400u);
+    EXPECT_EQ(body.error().code, c.code) << c.body;
+  }
+}
+
+TEST(RequestBody, RefusesDeepNesting) {
+  std::string deep = "{\"model\":\"m\",\"x\":" + std::string(100, '[') + std::string(100, ']') + "}";
+  auto body = inspect_request_body(deep);
+  ASSERT_FALSE(body.ok());
+  EXPECT_NE(body.error().message.find("nested"), std::string::npos);
+  std::string fine = "{\"model\":\"m\",\"x\":" + std::string(30, '[') + std::string(30, ']') + "}";
+  EXPECT_TRUE(inspect_request_body(fine).ok());
+}
+
+TEST(JsonScan, FindsTopLevelValueOnly) {
+  std::string body = R"({"messages":[{"model":"inner"}], "model" : "outer", "x":{"model":1}})";
+  auto span = find_top_level_value(body, "model");
+  ASSERT_TRUE(span.has_value());
+  EXPECT_EQ(body.substr(span->begin, span->end - span->begin), "\"outer\"");
+}
+
+TEST(JsonScan, LastDuplicateWinsAndEscapesAreSkipped) {
+  std::string body = R"({"model":"a\"b}","model":"c"})";
+  auto span = find_top_level_value(body, "model");
+  ASSERT_TRUE(span.has_value());
+  EXPECT_EQ(body.substr(span->begin, span->end - span->begin), "\"c\"");
+  EXPECT_FALSE(find_top_level_value("[1,2]", "model").has_value());
+  EXPECT_FALSE(find_top_level_value(R"({"other":1})", "model").has_value());
+}
+
+TEST(JsonScan, AppendsEscapedStrings) {
+  std::string out;
+  append_json_string(out, "a\"b\\c\n\x01");
+  EXPECT_EQ(out, "\"a\\\"b\\\\c\\n\\u0001\"");
+}
+
+}  // namespace
+}  // namespace sluice
