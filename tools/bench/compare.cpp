@@ -1,0 +1,399 @@
+#include "compare.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "load_runner.hpp"
+#include "options.hpp"
+#include "report.hpp"
+
+namespace sluice::bench {
+
+namespace {
+
+constexpr double kMissing = std::numeric_limits<double>::quiet_NaN();
+// Lets the previous target's connections close and its CPU settle before the
+// next target is measured.
+constexpr auto kPauseBetweenRuns = std::chrono::milliseconds(200);
+
+struct CompareTarget {
+  std::string name;
+  std::string url_text;
+  HttpUrl url;
+  std::string request;
+  std::vector<int> cpu_pids;  // processes whose CPU time is charged to this target
+  RunResult merged;           // every round together, for the distribution plots
+};
+
+struct RoundValue {
+  RunSummary summary;
+  double cpu_us_per_request = kMissing;
+};
+
+struct Metric {
+  const char* label;
+  const char* key;
+  double (*value)(const RoundValue&);
+  // req/s: a proxy's cost shows as a negative added figure.
+  bool higher_is_better = false;
+  // The added figure of a process-level metric (CPU) is the value itself: the
+  // baseline has no proxy process to charge.
+  bool baseline_is_zero = false;
+};
+
+// A run without a single successful request has no latency to show.
+double if_measured(const LatencySummary& latency, double value) {
+  return latency.count > 0 ? value : kMissing;
+}
+
+const Metric kMetrics[] = {
+    {"TTFT p50 (µs)", "ttft_p50_us",
+     [](const RoundValue& v) { return if_measured(v.summary.ttft, v.summary.ttft.p50); }},
+    {"TTFT p99 (µs)", "ttft_p99_us",
+     [](const RoundValue& v) { return if_measured(v.summary.ttft, v.summary.ttft.p99); }},
+    {"total p50 (µs)", "total_p50_us",
+     [](const RoundValue& v) { return if_measured(v.summary.total, v.summary.total.p50); }},
+    {"total p99 (µs)", "total_p99_us",
+     [](const RoundValue& v) { return if_measured(v.summary.total, v.summary.total.p99); }},
+    {"gap p50 (µs)", "gap_p50_us",
+     [](const RoundValue& v) { return if_measured(v.summary.gap, v.summary.gap.p50); }},
+    {"gap p99 (µs)", "gap_p99_us",
+     [](const RoundValue& v) { return if_measured(v.summary.gap, v.summary.gap.p99); }},
+    {"req/s", "requests_per_second",
+     [](const RoundValue& v) { return v.summary.requests_per_second; }, true},
+    {"CPU µs/req", "cpu_us_per_request", [](const RoundValue& v) { return v.cpu_us_per_request; },
+     false, true},
+};
+
+double median(std::vector<double> values) {
+  std::erase_if(values, [](double value) { return std::isnan(value); });
+  if (values.empty()) return kMissing;
+  std::sort(values.begin(), values.end());
+  const std::size_t middle = values.size() / 2;
+  return values.size() % 2 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
+}
+
+std::string format_value(double value) {
+  if (std::isnan(value)) return "–";
+  char text[32];
+  if (std::fabs(value) >= 10000) {
+    std::snprintf(text, sizeof text, "%.0f", value);
+  } else {
+    std::snprintf(text, sizeof text, "%.1f", value);
+  }
+  return text;
+}
+
+std::string format_added(double value) {
+  if (std::isnan(value)) return "–";
+  std::string text = format_value(value);
+  return value > 0 ? "+" + text : text;
+}
+
+// "n times the cost" only means something when both targets cost something:
+// a proxy measured faster than the direct path is noise, not a negative cost.
+double ratio_of_costs(double numerator, double denominator, bool higher_is_better) {
+  if (std::isnan(numerator) || std::isnan(denominator)) return kMissing;
+  if (higher_is_better) {
+    numerator = -numerator;
+    denominator = -denominator;
+  }
+  if (numerator <= 0 || denominator <= 0) return kMissing;
+  return numerator / denominator;
+}
+
+std::string format_ratio(double ratio) {
+  if (std::isnan(ratio)) return "–";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2fx", ratio);
+  return text;
+}
+
+// utime + stime of a process (all its threads), in clock ticks.
+std::optional<std::uint64_t> cpu_ticks(int pid) {
+  std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(file, line)) return std::nullopt;
+  // The command name may contain spaces and parentheses; fields are counted
+  // from the last ')'.
+  const auto name_end = line.rfind(')');
+  if (name_end == std::string::npos) return std::nullopt;
+  std::istringstream fields(line.substr(name_end + 2));
+  std::string field;
+  std::uint64_t user = 0;
+  std::uint64_t system = 0;
+  // After the name: state is field 3, utime field 14, stime field 15.
+  for (int number = 3; number <= 15 && fields >> field; ++number) {
+    if (number == 14) user = std::stoull(field);
+    if (number == 15) system = std::stoull(field);
+  }
+  return user + system;
+}
+
+std::optional<std::uint64_t> total_cpu_ticks(const std::vector<int>& pids) {
+  std::uint64_t total = 0;
+  for (int pid : pids) {
+    auto ticks = cpu_ticks(pid);
+    if (!ticks) return std::nullopt;
+    total += *ticks;
+  }
+  return total;
+}
+
+std::vector<int> parse_pids(std::string_view text) {
+  std::vector<int> pids;
+  while (!text.empty()) {
+    const auto comma = text.find(',');
+    const std::string_view item = text.substr(0, comma);
+    int pid = 0;
+    auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), pid);
+    if (item.empty() || error != std::errc{} || end != item.data() + item.size() || pid <= 0) {
+      throw UsageError{"--cpu-pid expects NAME=PID[,PID...]"};
+    }
+    pids.push_back(pid);
+    if (comma == std::string_view::npos) break;
+    text.remove_prefix(comma + 1);
+  }
+  return pids;
+}
+
+// Splits "name=value".
+std::pair<std::string, std::string> split_named(std::string_view option, std::string_view text) {
+  const auto equals = text.find('=');
+  if (equals == std::string_view::npos || equals == 0 || equals + 1 == text.size()) {
+    throw UsageError{std::string(option) + " expects NAME=VALUE, got '" + std::string(text) + "'"};
+  }
+  return {std::string(text.substr(0, equals)), std::string(text.substr(equals + 1))};
+}
+
+void print_progress(std::size_t round, std::size_t rounds, const CompareTarget& target,
+                    const RoundValue& value) {
+  const RunSummary& s = value.summary;
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "round %zu/%zu %-8s %9.1f req/s  ttft p50 %8.1f p99 %8.1f  total p50 %8.1f p99 "
+                "%8.1f µs",
+                round, rounds, target.name.c_str(), s.requests_per_second, s.ttft.p50, s.ttft.p99,
+                s.total.p50, s.total.p99);
+  std::cerr << line;
+  if (s.gap.count > 0) {
+    std::snprintf(line, sizeof line, "  gap p50 %.1f p99 %.1f µs", s.gap.p50, s.gap.p99);
+    std::cerr << line;
+  }
+  if (!std::isnan(value.cpu_us_per_request)) {
+    std::snprintf(line, sizeof line, "  cpu %.1f µs/req", value.cpu_us_per_request);
+    std::cerr << line;
+  }
+  if (s.errors > 0) {
+    std::cerr << "  errors";
+    for (std::size_t kind = 0; kind < kErrorKindCount; ++kind) {
+      if (s.errors_by_kind[kind] == 0) continue;
+      std::cerr << " " << error_name(static_cast<ErrorKind>(kind)) << "=" << s.errors_by_kind[kind];
+    }
+  }
+  std::cerr << std::endl;
+}
+
+}  // namespace
+
+int run_compare(int argc, char** argv, int first) {
+  LoadOptions options;
+  std::vector<CompareTarget> targets;
+  std::vector<std::pair<std::string, std::vector<int>>> cpu_pids;
+  unsigned rounds = 3;
+  std::string title;
+  std::string description;
+  std::string json_path;
+  std::string samples_prefix;
+
+  ArgumentCursor cursor(argc, argv, first);
+  while (cursor.next()) {
+    const std::string_view name = cursor.name();
+    if (parse_load_option(cursor, options)) continue;
+    if (name == "--target") {
+      auto [target_name, url_text] = split_named(name, cursor.value());
+      std::string why;
+      auto url = parse_http_url(url_text, why);
+      if (!url) throw UsageError{"--target " + target_name + ": " + why};
+      for (const auto& existing : targets) {
+        if (existing.name == target_name) throw UsageError{"target '" + target_name + "' twice"};
+      }
+      CompareTarget target;
+      target.name = std::move(target_name);
+      target.url_text = std::move(url_text);
+      target.url = std::move(*url);
+      targets.push_back(std::move(target));
+    } else if (name == "--cpu-pid") {
+      auto [target_name, pids] = split_named(name, cursor.value());
+      cpu_pids.emplace_back(std::move(target_name), parse_pids(pids));
+    } else if (name == "--rounds") {
+      rounds = parse_count(name, cursor.value(), 1);
+    } else if (name == "--title") {
+      title = std::string(cursor.value());
+    } else if (name == "--description") {
+      description = std::string(cursor.value());
+    } else if (name == "--json") {
+      json_path = std::string(cursor.value());
+    } else if (name == "--samples") {
+      samples_prefix = std::string(cursor.value());
+    } else {
+      throw UsageError{"unknown option '" + std::string(name) + "'"};
+    }
+  }
+  if (targets.empty()) throw UsageError{"compare needs at least one --target NAME=URL"};
+  validate(options);
+  for (auto& [target_name, pids] : cpu_pids) {
+    auto target = std::find_if(targets.begin(), targets.end(),
+                               [&](const CompareTarget& t) { return t.name == target_name; });
+    if (target == targets.end())
+      throw UsageError{"--cpu-pid names no target '" + target_name + "'"};
+    target->cpu_pids = pids;
+  }
+  for (auto& target : targets) target.request = build_request(target.url, options);
+
+  const double seconds_per_tick = 1.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+  std::vector<std::vector<RoundValue>> values(targets.size());  // [target][round]
+
+  for (unsigned round = 1; round <= rounds; ++round) {
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+      CompareTarget& target = targets[t];
+      const auto ticks_before = total_cpu_ticks(target.cpu_pids);
+      RunResult result = run_load(target.url, options, target.request);
+      const auto ticks_after = total_cpu_ticks(target.cpu_pids);
+
+      RoundValue value;
+      value.summary = summarize(result);
+      if (!target.cpu_pids.empty() && ticks_before && ticks_after && result.exchanges > 0) {
+        value.cpu_us_per_request = static_cast<double>(*ticks_after - *ticks_before) *
+                                   seconds_per_tick * 1e6 / static_cast<double>(result.exchanges);
+      }
+      print_progress(round, rounds, target, value);
+      values[t].push_back(value);
+      target.merged.merge(result);
+      std::this_thread::sleep_for(kPauseBetweenRuns);
+    }
+  }
+
+  // Medians per target, added figures per round against the first target
+  // (then their median), and the ratio of the second target's added figure
+  // to the third's.
+  const std::size_t target_count = targets.size();
+  const bool has_ratio = target_count >= 3;
+  std::ostringstream table;
+  table << "| metric |";
+  for (const auto& target : targets) table << " " << target.name << " |";
+  for (std::size_t t = 1; t < target_count; ++t) table << " " << targets[t].name << " added |";
+  if (has_ratio) table << " " << targets[1].name << "/" << targets[2].name << " added |";
+  table << "\n|---|";
+  const std::size_t columns = target_count + (target_count - 1) + (has_ratio ? 1 : 0);
+  for (std::size_t c = 0; c < columns; ++c) table << "---:|";
+  table << "\n";
+
+  nlohmann::json medians_json = nlohmann::json::object();
+  nlohmann::json added_json = nlohmann::json::object();
+  nlohmann::json ratio_json = nlohmann::json::object();
+  for (const Metric& metric : kMetrics) {
+    std::vector<double> medians(target_count);
+    std::vector<double> added(target_count, kMissing);
+    bool any_value = false;
+    for (std::size_t t = 0; t < target_count; ++t) {
+      std::vector<double> per_round;
+      for (const auto& value : values[t]) per_round.push_back(metric.value(value));
+      medians[t] = median(per_round);
+      any_value = any_value || !std::isnan(medians[t]);
+    }
+    if (!any_value) continue;
+    for (std::size_t t = 1; t < target_count; ++t) {
+      std::vector<double> differences;
+      for (std::size_t r = 0; r < rounds; ++r) {
+        double baseline = metric.value(values[0][r]);
+        if (metric.baseline_is_zero && std::isnan(baseline)) baseline = 0;
+        differences.push_back(metric.value(values[t][r]) - baseline);
+      }
+      added[t] = median(differences);
+    }
+    const double ratio =
+        has_ratio ? ratio_of_costs(added[1], added[2], metric.higher_is_better) : kMissing;
+
+    table << "| " << metric.label << " |";
+    for (std::size_t t = 0; t < target_count; ++t) table << " " << format_value(medians[t]) << " |";
+    for (std::size_t t = 1; t < target_count; ++t) table << " " << format_added(added[t]) << " |";
+    if (has_ratio) table << " " << format_ratio(ratio) << " |";
+    table << "\n";
+
+    for (std::size_t t = 0; t < target_count; ++t) {
+      if (!std::isnan(medians[t])) medians_json[targets[t].name][metric.key] = medians[t];
+      if (t > 0 && !std::isnan(added[t])) added_json[targets[t].name][metric.key] = added[t];
+    }
+    if (!std::isnan(ratio)) ratio_json[metric.key] = ratio;
+  }
+  table << "| errors |";
+  for (std::size_t t = 0; t < target_count; ++t) {
+    std::uint64_t errors = 0;
+    for (const auto& value : values[t]) errors += value.summary.errors;
+    table << " " << errors << " |";
+  }
+  for (std::size_t c = target_count; c < columns; ++c) table << " |";
+  table << "\n";
+
+  if (!title.empty()) std::cout << "### " << title << "\n\n";
+  if (!description.empty()) std::cout << description << "\n\n";
+  std::cout << "Load: " << describe(options) << "; " << rounds
+            << (rounds == 1 ? " round" : " rounds") << ", targets alternating.\n\n";
+  std::cout << table.str() << "\n";
+  std::cout << "Medians over rounds. \"added\" = target − " << targets[0].name
+            << " in the same round, median over rounds";
+  if (has_ratio) {
+    std::cout << "; " << targets[1].name << "/" << targets[2].name
+              << " = ratio of the added figures";
+  }
+  std::cout << ". CPU µs/req = the target process's user+system time per request.\n" << std::endl;
+
+  if (!samples_prefix.empty()) {
+    for (const auto& target : targets) {
+      write_cdf_file(samples_prefix + target.name + ".cdf", target.merged);
+    }
+  }
+  if (!json_path.empty()) {
+    nlohmann::json document;
+    document["title"] = title;
+    document["description"] = description;
+    document["load"] = describe(options);
+    document["rounds"] = rounds;
+    document["baseline"] = targets[0].name;
+    for (std::size_t t = 0; t < target_count; ++t) {
+      nlohmann::json target_json = {{"name", targets[t].name}, {"url", targets[t].url_text}};
+      for (const auto& value : values[t]) {
+        nlohmann::json round_json = to_json(value.summary);
+        if (!std::isnan(value.cpu_us_per_request)) {
+          round_json["cpu_us_per_request"] = value.cpu_us_per_request;
+        }
+        target_json["rounds"].push_back(std::move(round_json));
+      }
+      target_json["all_rounds"] = to_json(summarize(targets[t].merged));
+      document["targets"].push_back(std::move(target_json));
+    }
+    document["median"] = medians_json;
+    document["added"] = added_json;
+    if (has_ratio) {
+      document["ratio_of_added"] = {
+          {"numerator", targets[1].name}, {"denominator", targets[2].name}, {"values", ratio_json}};
+    }
+    write_json_file(json_path, document);
+  }
+  return 0;
+}
+
+}  // namespace sluice::bench

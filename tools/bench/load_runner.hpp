@@ -1,0 +1,61 @@
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "histogram.hpp"
+#include "options.hpp"
+
+namespace sluice::bench {
+
+enum class ErrorKind : unsigned {
+  connect,   // could not open a connection
+  send,      // writing the request failed
+  receive,   // reading failed (reset...)
+  closed,    // the peer closed before the response was complete
+  protocol,  // the response was not valid HTTP/1.1
+  timeout,   // no complete response within --timeout
+  http_4xx,
+  http_5xx,
+  http_other,  // any other non-2xx status
+  backlog,     // open loop: more requests due than connections could carry
+};
+inline constexpr std::size_t kErrorKindCount = 10;
+std::string_view error_name(ErrorKind kind);
+
+// What one run measured. Latencies are in nanoseconds and cover only the
+// requests whose (scheduled) start fell after the warmup and which got a 2xx.
+struct RunResult {
+  LatencyHistogram ttft;   // start -> first body byte
+  LatencyHistogram total;  // start -> last byte
+  LatencyHistogram gap;    // between consecutive SSE event ends
+  std::uint64_t ok = 0;
+  std::uint64_t body_bytes = 0;
+  std::uint64_t events = 0;
+  std::array<std::uint64_t, kErrorKindCount> errors{};
+  // 2xx responses that ended inside the measurement window: the throughput
+  // numerator in duration mode.
+  std::uint64_t completed_in_window = 0;
+  // Every exchange whose request reached the server, warmup included: what
+  // the server's CPU time is divided by.
+  std::uint64_t exchanges = 0;
+  Clock::time_point first_start = Clock::time_point::max();
+  Clock::time_point last_end = Clock::time_point::min();
+  unsigned peak_connections = 0;
+
+  // Filled by run_load once the threads are merged.
+  double measured_seconds = 0;
+  double requests_per_second = 0;
+
+  void merge(const RunResult& other);
+  std::uint64_t error_count() const;
+};
+
+// Runs the load described by `options` against `url` and returns the merged
+// measurements of every thread. Throws UsageError when the host does not
+// resolve.
+RunResult run_load(const HttpUrl& url, const LoadOptions& options, const std::string& request);
+
+}  // namespace sluice::bench
