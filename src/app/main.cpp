@@ -30,6 +30,7 @@ Signals: SIGTERM/SIGINT stop the gateway, SIGHUP reloads the config file.
 int check_config(const std::string& path) {
   try {
     auto config = sluice::config::load_file(path);
+    sluice::config::require_auth_or_explicit_opt_out(*config);
     std::printf("%s: ok (%zu models)\n", path.c_str(), config->models.size());
     return 0;
   } catch (const sluice::config::ConfigError& error) {
@@ -42,6 +43,7 @@ int run(const std::string& path) {
   sluice::config::ConfigPtr config;
   try {
     config = sluice::config::load_file(path);
+    sluice::config::require_auth_or_explicit_opt_out(*config);
   } catch (const sluice::config::ConfigError& error) {
     std::fprintf(stderr, "sluice: invalid config: %s\n", error.what());
     return 1;
@@ -68,7 +70,9 @@ int run(const std::string& path) {
         if (ec) return;
         if (signal == SIGHUP) {
           try {
-            gateway.apply(sluice::config::load_file(path));
+            auto reloaded = sluice::config::load_file(path);
+            sluice::config::require_auth_or_explicit_opt_out(*reloaded);
+            gateway.apply(std::move(reloaded));
             spdlog::info("config reloaded from {}", path);
           } catch (const sluice::config::ConfigError& error) {
             spdlog::error("config reload rejected, still serving the previous one: {}",

@@ -4,6 +4,8 @@
 
 #include "sluice/config/config.hpp"
 
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -190,6 +192,15 @@ class MappingReader {
   std::vector<Entry> entries_;
 };
 
+// The line of `key` itself within the mapping at `at`.
+int line_of_key(const Located& at, std::string_view key) {
+  for (auto it = at.node.begin(); it != at.node.end(); ++it) {
+    YAML::Node key_node = it->first;
+    if (key_node.IsScalar() && key_node.Scalar() == key) return line_of(key_node, at.line);
+  }
+  return at.line;
+}
+
 std::vector<Located> sequence_items(const Located& at) {
   if (!at.node.IsSequence()) {
     fail(at, std::string("expected a sequence, got ") + type_name(at.node));
@@ -318,6 +329,10 @@ class Loader {
   void read_upstream(const Located& at, Upstream& upstream) const;
   void read_router(const Located& at, Router& router) const;
   void read_log(const Located& at, Log& log) const;
+  void read_auth(const Located& at, Auth& auth);
+  ApiKey read_api_key(const Located& at);
+  std::array<unsigned char, 32> read_key_digest(const MappingReader& map, const Located& at) const;
+  std::vector<std::string> read_model_patterns(const Located& at) const;
   void read_models(const Located& at, Config& config);
   Model read_model(const Located& at);
   Deployment read_deployment(const Located& at, const std::string& model_name,
@@ -333,6 +348,8 @@ class Loader {
   // Names and ids must be unique; these remember where each was first used.
   std::map<std::string, std::string> model_name_paths_;
   std::map<std::string, std::string> deployment_id_paths_;
+  std::map<std::string, std::string> api_key_name_paths_;
+  std::map<std::array<unsigned char, 32>, std::string> api_key_digest_paths_;
 
   // Fallback names are checked once every model is known.
   struct ModelReference {
@@ -443,6 +460,146 @@ void Loader::read_log(const Located& at, Log& log) const {
     }
     log.level = level;
   }
+}
+
+// Shared by the load-time check and require_auth_or_explicit_opt_out, so
+// both tell the reader the same two ways out.
+constexpr std::string_view kNoKeysMessage =
+    "no client API keys configured, and sluice refuses to start without authentication; "
+    "add keys under auth.keys, or set auth.disabled: true to run without authentication "
+    "on purpose";
+
+// Shortest plaintext key accepted: anything shorter can be guessed by
+// simply trying, whatever the rate limits.
+constexpr std::size_t kMinKeyLength = 8;
+
+int hex_digit_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+void Loader::read_auth(const Located& at, Auth& auth) {
+  MappingReader map(at, {"disabled", "keys"});
+  auth.line = at.line;
+  if (auto value = map.get("disabled")) auth.disabled = read_bool(*value);
+  if (auto keys_at = map.get("keys")) {
+    for (const Located& item : sequence_items(*keys_at)) {
+      auth.keys.push_back(read_api_key(item));
+    }
+  }
+  // A section that is there but empty is a half-finished edit, never a
+  // deliberate choice: only "disabled: true" turns authentication off.
+  if (auth.keys.empty() && !auth.disabled) fail(at, std::string(kNoKeysMessage));
+}
+
+ApiKey Loader::read_api_key(const Located& at) {
+  MappingReader map(at, {"name", "key", "key_sha256", "models", "rpm", "tpm", "max_parallel"});
+  if (!at.node.IsMap()) fail(at, std::string("expected a mapping, got ") + type_name(at.node));
+
+  ApiKey key;
+  Located name_at = map.require("name");
+  key.name = read_non_empty_string(name_at);
+  auto [previous_name, name_inserted] = api_key_name_paths_.emplace(key.name, at.path);
+  if (!name_inserted) {
+    fail(name_at,
+         "duplicate key name '" + key.name + "' (already used by " + previous_name->second + ")");
+  }
+
+  key.key_sha256 = read_key_digest(map, at);
+  auto [previous_key, key_inserted] = api_key_digest_paths_.emplace(key.key_sha256, at.path);
+  if (!key_inserted) {
+    // The secret itself is never printed; saying which entry shares it is
+    // enough to find the copy-paste.
+    Located secret_at = map.get("key") ? *map.get("key") : *map.get("key_sha256");
+    fail(secret_at, "the same key is already given by " + previous_key->second +
+                        "; every entry needs its own secret");
+  }
+
+  if (auto value = map.get("models")) key.models = read_model_patterns(*value);
+  if (auto value = map.get("rpm")) key.limits.rpm = read_uint(*value, 0);
+  if (auto value = map.get("tpm")) {
+    key.limits.tpm = read_unsigned(*value, 0, std::numeric_limits<std::uint64_t>::max());
+  }
+  if (auto value = map.get("max_parallel")) key.limits.max_parallel = read_uint(*value, 0);
+  return key;
+}
+
+std::array<unsigned char, 32> Loader::read_key_digest(const MappingReader& map,
+                                                      const Located& at) const {
+  std::optional<Located> plain_at = map.get("key");
+  std::optional<Located> digest_at = map.get("key_sha256");
+  if (plain_at && digest_at) {
+    fail(*digest_at, "give either key or key_sha256, not both");
+  }
+  if (!plain_at && !digest_at) {
+    fail(join_path(at.path, "key"),
+         "missing required key: give either key (the secret, usually \"${VAR}\") or key_sha256 "
+         "(its SHA-256 in hex)",
+         at.line);
+  }
+
+  std::array<unsigned char, 32> digest{};
+  if (plain_at) {
+    std::string secret = read_string(*plain_at);
+    // Error messages give lengths and rules, never the secret.
+    if (secret.empty()) fail(*plain_at, "must not be empty");
+    if (secret.size() < kMinKeyLength) {
+      OPENSSL_cleanse(secret.data(), secret.size());
+      fail(*plain_at, "too short: keys need at least " + std::to_string(kMinKeyLength) +
+                          " characters, got " + std::to_string(secret.size()));
+    }
+    bool has_control = std::any_of(secret.begin(), secret.end(), [](char c) {
+      return std::iscntrl(static_cast<unsigned char>(c)) != 0;
+    });
+    bool padded = secret.front() == ' ' || secret.back() == ' ';
+    if (has_control || padded) {
+      OPENSSL_cleanse(secret.data(), secret.size());
+      // Clients send the key in a header, which cannot carry control
+      // characters and loses surrounding spaces: such a key never matches.
+      fail(*plain_at, "must not contain control characters or start or end with a space");
+    }
+    SHA256(reinterpret_cast<const unsigned char*>(secret.data()), secret.size(), digest.data());
+    OPENSSL_cleanse(secret.data(), secret.size());
+    return digest;
+  }
+
+  std::string hex = read_string(*digest_at);
+  if (hex.size() != digest.size() * 2) {
+    fail(*digest_at, "expected the SHA-256 as 64 hex digits, got " + std::to_string(hex.size()) +
+                         " characters");
+  }
+  for (std::size_t index = 0; index < digest.size(); ++index) {
+    int high = hex_digit_value(hex[2 * index]);
+    int low = hex_digit_value(hex[2 * index + 1]);
+    if (high < 0 || low < 0) {
+      std::size_t position = high < 0 ? 2 * index : 2 * index + 1;
+      fail(*digest_at, "expected the SHA-256 as 64 hex digits, found '" +
+                           std::string(1, hex[position]) + "' at position " +
+                           std::to_string(position + 1));
+    }
+    digest[index] = static_cast<unsigned char>(high * 16 + low);
+  }
+  return digest;
+}
+
+// Patterns are not checked against the models section: a pattern that
+// matches nothing only ever denies, and a key may list a model ahead of it.
+std::vector<std::string> Loader::read_model_patterns(const Located& at) const {
+  std::vector<Located> items = sequence_items(at);
+  if (items.empty()) {
+    fail(at, "must list at least one model name or pattern (leave 'models' out to allow all)");
+  }
+  std::vector<std::string> patterns;
+  for (const Located& item : items) {
+    std::string pattern = read_non_empty_string(item);
+    if (std::find(patterns.begin(), patterns.end(), pattern) != patterns.end()) {
+      fail(item, "'" + pattern + "' is listed twice");
+    }
+    patterns.push_back(std::move(pattern));
+  }
+  return patterns;
 }
 
 void Loader::read_models(const Located& at, Config& config) {
@@ -632,7 +789,7 @@ void Loader::read_ca_file(const Located& at, Deployment& deployment) const {
 
 Config Loader::load(const Located& root) {
   if (root.node.IsNull()) fail(root, "the document is empty; at least 'models' is required");
-  MappingReader map(root, {"server", "upstream", "router", "log", "models"});
+  MappingReader map(root, {"server", "upstream", "router", "log", "models", "auth"});
 
   Config config;
   if (auto value = map.get("server")) {
@@ -643,6 +800,13 @@ Config Loader::load(const Located& root) {
   if (auto value = map.get("upstream")) read_upstream(*value, config.upstream);
   if (auto value = map.get("router")) read_router(*value, config.router);
   if (auto value = map.get("log")) read_log(*value, config.log);
+  if (auto value = map.get("auth")) {
+    // A block mapping's value starts on the line after "auth:"; errors about
+    // the section as a whole read better pointing at the key itself.
+    Located auth_at = *value;
+    auth_at.line = line_of_key(root, "auth");
+    read_auth(auth_at, config.auth);
+  }
   read_models(map.require("models"), config);
   check_model_references(config);
   return config;
@@ -694,6 +858,14 @@ ConfigPtr load_file(const std::string& path, EnvLookup env) {
 
 ConfigPtr load_string(const std::string& yaml_text, EnvLookup env) {
   return load_text(yaml_text, std::move(env), "(root)");
+}
+
+void require_auth_or_explicit_opt_out(const Config& config) {
+  const Auth& auth = config.auth;
+  if (auth.disabled || !auth.keys.empty()) return;
+  // line 0 = no auth section: the whole document is what lacks it.
+  if (auth.line == 0) fail("(root)", std::string(kNoKeysMessage), 1);
+  fail("auth", std::string(kNoKeysMessage), auth.line);
 }
 
 }  // namespace sluice::config

@@ -24,6 +24,8 @@ std::shared_ptr<const Snapshot> Snapshot::build(config::ConfigPtr config, const 
   auto snapshot = std::make_shared<Snapshot>();
   snapshot->router =
       std::make_shared<router::Router>(config, previous ? previous->router.get() : nullptr);
+  snapshot->auth =
+      std::make_shared<auth::AuthStage>(*config, previous ? previous->auth.get() : nullptr);
   nlohmann::json data = nlohmann::json::array();
   for (const auto& model : config->models) {
     data.push_back(

@@ -120,6 +120,7 @@ std::string sluice_fields(const RequestContext& context) {
   if (context.attempts > 0) {
     fields.append("x-sluice-attempts: ").append(std::to_string(context.attempts)).append("\r\n");
   }
+  fields.append(context.response_fields);
   return fields;
 }
 
@@ -140,6 +141,19 @@ net::awaitable<bool> write_response(RequestContext& context, unsigned status,
   context.client.expires_after(30s);
   auto [ec, n] = co_await net::async_write(context.client, wire, as_tuple(use_awaitable));
   co_return !ec && context.keep_alive;
+}
+
+// The models a key may use; the full list, rendered once per config, when it
+// may use them all.
+std::string models_for(const RequestContext& context, const auth::KeyPolicy* key) {
+  if (!key || key->models.empty()) return context.snapshot->models_json;
+  nlohmann::json data = nlohmann::json::array();
+  for (const auto& model : context.snapshot->config->models) {
+    if (!auth::allows_model(*key, model.name)) continue;
+    data.push_back(
+        {{"id", model.name}, {"object", "model"}, {"created", 0}, {"owned_by", "sluice"}});
+  }
+  return nlohmann::json{{"object", "list"}, {"data", std::move(data)}}.dump();
 }
 
 struct ProxyInputs {
@@ -410,11 +424,21 @@ net::awaitable<bool> Pipeline::handle(RequestContext& context) {
     }
     co_return co_await respond_json(context, 200, R"({"status":"ok"})");
   }
+  const auto& auth = *context.snapshot->auth;
+  auto presented_key = auth::extract_presented_key([&](std::string_view name) {
+    auto value = request[name];
+    return std::string_view(value.data(), value.size());
+  });
   if (path == "/v1/models") {
     if (method != http::verb::get && method != http::verb::head) {
       co_return co_await respond_error(context, ApiError::method_not_allowed(request.method_string(), path), "Allow: GET, HEAD\r\n");
     }
-    co_return co_await respond_json(context, 200, context.snapshot->models_json);
+    auto admission = auth.admit({presented_key.value_or(""), "", 0, Clock::now()});
+    admission.append_headers(context.response_fields);
+    if (!admission.allowed()) co_return co_await respond_error(context, *admission.error);
+    bool keep = co_await respond_json(context, 200, models_for(context, admission.key));
+    auth.complete(admission, std::nullopt, Clock::now());
+    co_return keep;
   }
   auto endpoint = proxied_endpoint(path);
   if (!endpoint) co_return co_await respond_error(context, ApiError::unknown_path(path));
@@ -423,10 +447,22 @@ net::awaitable<bool> Pipeline::handle(RequestContext& context) {
         context, ApiError::method_not_allowed(request.method_string(), path), "Allow: POST\r\n");
   }
 
+  // A missing key is refused before the body is looked at; an unknown one
+  // when the stage hashes it, below.
+  if (auth.enabled() && !presented_key) {
+    auto admission = auth.admit({"", "", 0, Clock::now()});
+    co_return co_await respond_error(context, *admission.error);
+  }
   const std::string& body = request.body();
   auto inspected = inspect_request_body(body);
   if (!inspected) co_return co_await respond_error(context, inspected.error());
   const auto& model_name = inspected->model;
+  auto admission = auth.admit({presented_key.value_or(""), model_name,
+                               auth::estimate_tokens(body.size(), inspected->max_tokens),
+                               Clock::now()});
+  admission.append_headers(context.response_fields);
+  if (!admission.allowed()) co_return co_await respond_error(context, *admission.error);
+  context.key = admission.key;
   context.model = context.snapshot->config->find_model(model_name);
   if (!context.model) {
     co_return co_await respond_error(context, ApiError::model_not_found(model_name));
@@ -459,6 +495,7 @@ net::awaitable<bool> Pipeline::handle(RequestContext& context) {
   watch.start();
   bool keep = co_await proxy(context, inputs, watch);
   co_await watch.stop();
+  auth.complete(admission, context.usage_tokens, Clock::now());
   co_return keep && !watch.client_gone();
 }
 

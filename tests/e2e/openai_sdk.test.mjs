@@ -87,6 +87,8 @@ function stopProcess(child) {
   });
 }
 
+const E2E_KEY = 'sk-e2e-0123456789abcdef';
+
 function gatewayConfig(mockPort) {
   const baseUrl = `http://127.0.0.1:${mockPort}/v1`;
   return `server:
@@ -95,6 +97,11 @@ function gatewayConfig(mockPort) {
 
 log:
   level: warn
+
+auth:
+  keys:
+    - name: e2e
+      key: ${E2E_KEY}
 
 models:
   - name: e2e-chat
@@ -133,7 +140,7 @@ describe('OpenAI Node SDK through sluice', { timeout: 30000 }, () => {
 
     client = new OpenAI({
       baseURL: `http://127.0.0.1:${gateway.port}/v1`,
-      apiKey: 'test-key',
+      apiKey: E2E_KEY,
       maxRetries: 0,
       timeout: 10000,
     });
@@ -206,6 +213,23 @@ describe('OpenAI Node SDK through sluice', { timeout: 30000 }, () => {
     for await (const model of client.models.list()) ids.push(model.id);
     assert.ok(ids.includes('e2e-chat'), `e2e-chat missing from ${JSON.stringify(ids)}`);
     assert.ok(ids.includes('e2e-embed'), `e2e-embed missing from ${JSON.stringify(ids)}`);
+  });
+
+  test('a wrong key is a 401 invalid_api_key', async () => {
+    const intruder = new OpenAI({
+      baseURL: client.baseURL,
+      apiKey: 'sk-not-a-key-of-this-gateway',
+      maxRetries: 0,
+      timeout: 10000,
+    });
+    await assert.rejects(
+      intruder.chat.completions.create({ model: 'e2e-chat', messages }),
+      (error) => {
+        assert.ok(error instanceof OpenAI.AuthenticationError, `not an AuthenticationError: ${error}`);
+        assert.equal(error.status, 401);
+        assert.equal(error.code, 'invalid_api_key');
+        return true;
+      });
   });
 
   test('unknown model is a 404 model_not_found', async () => {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -108,11 +109,43 @@ struct Log {
   std::string level = "info";  // trace|debug|info|warn|error|off
 };
 
+// What one client key may spend; 0 means unlimited for each.
+struct ApiKeyLimits {
+  std::uint64_t rpm = 0;      // requests per minute
+  std::uint64_t tpm = 0;      // tokens per minute, prompt + completion
+  unsigned max_parallel = 0;  // requests in flight
+
+  bool operator==(const ApiKeyLimits&) const = default;
+};
+
+// A key clients present to sluice. Only the SHA-256 of the secret is kept:
+// a plaintext `key` is hashed at load, so the secret itself never sits in a
+// Config snapshot (or in a core dump of one).
+struct ApiKey {
+  std::string name;  // unique; what logs and metrics show, never the secret
+  std::array<unsigned char, 32> key_sha256{};
+  std::vector<std::string> models;  // public model names, globs with * and ?; empty = all
+  ApiKeyLimits limits;
+};
+
+struct Auth {
+  bool disabled = false;  // only ever true when the file says so
+  std::vector<ApiKey> keys;
+  // Line of the "auth:" key, 0 when the file has no auth section; lets a
+  // later check point at the right place.
+  int line = 0;
+
+  // A config without an auth section loads with authentication off, which
+  // is why the binary must also call require_auth_or_explicit_opt_out().
+  bool enabled() const { return !disabled && !keys.empty(); }
+};
+
 struct Config {
   Server server;
   Upstream upstream;
   Router router;
   Log log;
+  Auth auth;
   std::vector<Model> models;
 
   // Index into models by public name, built by load.
@@ -133,6 +166,15 @@ std::optional<std::string> process_env(const std::string& name);
 
 ConfigPtr load_file(const std::string& path, EnvLookup env = process_env);
 ConfigPtr load_string(const std::string& yaml_text, EnvLookup env = process_env);
+
+// Refuses a config that neither lists client keys nor says
+// `auth.disabled: true`; throws ConfigError ("(root): ..." when there is no
+// auth section at all). load_file/load_string accept a config without an
+// auth section (authentication off, Auth::enabled() false) so that configs
+// for tests and tools need none; the binary calls this at start-up and on
+// every reload, so a deployed gateway is never open by omission. An auth
+// section that is present but lists no keys is already rejected by load.
+void require_auth_or_explicit_opt_out(const Config& config);
 
 // "250ms", "2s", "1m", "1.5s" -> milliseconds; nullopt when malformed.
 std::optional<Duration> parse_duration(const std::string& text);

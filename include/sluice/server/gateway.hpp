@@ -11,6 +11,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "sluice/auth/stage.hpp"
 #include "sluice/config/config.hpp"
 #include "sluice/router/router.hpp"
 #include "sluice/upstream/client.hpp"
@@ -23,6 +24,7 @@ namespace sluice::server {
 struct Snapshot {
   config::ConfigPtr config;
   std::shared_ptr<router::Router> router;
+  std::shared_ptr<auth::AuthStage> auth;
   std::string models_json;  // GET /v1/models, rendered once
 
   static std::shared_ptr<const Snapshot> build(config::ConfigPtr config,

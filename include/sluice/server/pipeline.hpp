@@ -6,6 +6,7 @@
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,9 +33,14 @@ struct RequestContext {
   TimePoint body_read{};
 
   // Filled by the stages.
+  const auth::KeyPolicy* key = nullptr;  // who is calling (auth on)
+  // "Name: value\r\n" lines every response to this request carries
+  // (rate-limit headers, timing).
+  std::string response_fields{};
   const config::Model* model = nullptr;
   bool stream = false;
   unsigned attempts = 0;
+  std::optional<std::uint64_t> usage_tokens;  // prompt + completion, as the upstream reported
   std::string deployment_id{};
 };
 

@@ -1,0 +1,82 @@
+#pragma once
+
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "sluice/config/config.hpp"
+
+// Who is calling and what they may ask for. Pure lookups over an immutable
+// snapshot: safe from any thread, no locks, no sockets.
+namespace sluice::auth {
+
+using Sha256 = std::array<unsigned char, 32>;
+
+// SHA-256 without touching the heap (OpenSSL 3's one-shot SHA256() goes
+// through EVP and allocates a context on every call).
+Sha256 sha256(std::string_view data);
+
+struct KeyPolicy {
+  std::string name;  // what logs and metrics show; never the secret
+  Sha256 digest{};
+  std::vector<std::string> models;  // globs with * and ?; empty = every model
+  config::ApiKeyLimits limits;
+};
+
+// The client keys of one config snapshot.
+class KeyStore {
+ public:
+  KeyStore() = default;
+  explicit KeyStore(const config::Auth& auth);
+
+  // The key whose secret is `presented`, or nullptr. Hashes the presented
+  // secret and looks the digest up; the lookup may take time that depends on
+  // the digest (which tells an attacker nothing about any secret), the final
+  // equality check is constant-time. An empty secret never matches.
+  const KeyPolicy* authenticate(std::string_view presented) const;
+
+  // In config order, so an index into this is stable for one snapshot.
+  const std::vector<KeyPolicy>& keys() const { return keys_; }
+
+ private:
+  std::vector<KeyPolicy> keys_;
+  // (digest, index into keys_) sorted by digest, for a binary search.
+  std::vector<std::pair<Sha256, std::size_t>> by_digest_;
+};
+
+// Whether `text` matches `pattern`, where * stands for any run of
+// characters (also none) and ? for exactly one. Case-sensitive, like model
+// names everywhere else. Allocates nothing.
+bool glob_match(std::string_view pattern, std::string_view text);
+
+// Whether the key may use the public model name `model`.
+bool allows_model(const KeyPolicy& key, std::string_view model);
+
+// The secret a client sent, from the first of these that holds one:
+// "Authorization: Bearer <key>" (scheme case-insensitive), "api-key" (the
+// Azure SDKs), "x-api-key". Surrounding spaces and tabs are trimmed. An
+// Authorization header with another scheme or no token counts as absent,
+// so the next header is tried.
+std::optional<std::string_view> bearer_token(std::string_view authorization);
+std::optional<std::string_view> plain_key(std::string_view header_value);
+
+// `header(name)` returns the value of the named request header, or an empty
+// view when there is none; names are passed lower-case. Any callable works,
+// so this does not depend on the HTTP library. The returned view points into
+// whatever `header` returned.
+template <typename HeaderLookup>
+requires std::invocable<HeaderLookup&, std::string_view> &&
+    std::convertible_to<std::invoke_result_t<HeaderLookup&, std::string_view>, std::string_view>
+        std::optional<std::string_view> extract_presented_key(HeaderLookup&& header) {
+  if (auto key = bearer_token(header(std::string_view("authorization")))) return key;
+  if (auto key = plain_key(header(std::string_view("api-key")))) return key;
+  return plain_key(header(std::string_view("x-api-key")));
+}
+
+}  // namespace sluice::auth

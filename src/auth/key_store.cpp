@@ -1,0 +1,121 @@
+#include "sluice/auth/key_store.hpp"
+
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace sluice::auth {
+namespace {
+
+bool digest_less(const std::pair<Sha256, std::size_t>& entry, const Sha256& digest) {
+  return std::memcmp(entry.first.data(), digest.data(), digest.size()) < 0;
+}
+
+std::string_view trim_spaces(std::string_view text) {
+  while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
+  return text;
+}
+
+bool equals_ignoring_ascii_case(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
+           return lower(x) == lower(y);
+         });
+}
+
+}  // namespace
+
+// The low-level SHA256_* calls are deprecated in OpenSSL 3 but remain the
+// only way to hash without a heap allocation per call (SHA256() and EVP
+// allocate a context each time), which matters on the path every request
+// takes. They run the same assembly the default provider uses.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+Sha256 sha256(std::string_view data) {
+  Sha256 digest;
+  SHA256_CTX context;
+  SHA256_Init(&context);
+  SHA256_Update(&context, data.data(), data.size());
+  SHA256_Final(digest.data(), &context);
+  // The context holds the tail of the secret.
+  OPENSSL_cleanse(&context, sizeof context);
+  return digest;
+}
+#pragma GCC diagnostic pop
+
+KeyStore::KeyStore(const config::Auth& auth) {
+  keys_.reserve(auth.keys.size());
+  by_digest_.reserve(auth.keys.size());
+  for (const config::ApiKey& key : auth.keys) {
+    by_digest_.emplace_back(key.key_sha256, keys_.size());
+    keys_.push_back({key.name, key.key_sha256, key.models, key.limits});
+  }
+  std::sort(by_digest_.begin(), by_digest_.end(), [](const auto& a, const auto& b) {
+    return std::memcmp(a.first.data(), b.first.data(), a.first.size()) < 0;
+  });
+}
+
+const KeyPolicy* KeyStore::authenticate(std::string_view presented) const {
+  if (presented.empty() || by_digest_.empty()) return nullptr;
+  Sha256 digest = sha256(presented);
+  auto candidate = std::lower_bound(by_digest_.begin(), by_digest_.end(), digest, digest_less);
+  if (candidate == by_digest_.end()) return nullptr;
+  if (CRYPTO_memcmp(candidate->first.data(), digest.data(), digest.size()) != 0) return nullptr;
+  return &keys_[candidate->second];
+}
+
+bool glob_match(std::string_view pattern, std::string_view text) {
+  // Greedy matching with one backtrack point: on a mismatch, let the most
+  // recent * swallow one more character. Linear in practice, and at worst
+  // pattern.size() * text.size() steps.
+  std::size_t p = 0;
+  std::size_t t = 0;
+  std::size_t star = std::string_view::npos;
+  std::size_t star_text = 0;
+  while (t < text.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
+      ++p;
+      ++t;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      star_text = t;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      t = ++star_text;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+bool allows_model(const KeyPolicy& key, std::string_view model) {
+  if (key.models.empty()) return true;
+  return std::any_of(key.models.begin(), key.models.end(),
+                     [model](const std::string& pattern) { return glob_match(pattern, model); });
+}
+
+std::optional<std::string_view> bearer_token(std::string_view authorization) {
+  constexpr std::string_view kScheme = "bearer";
+  authorization = trim_spaces(authorization);
+  if (authorization.size() <= kScheme.size()) return std::nullopt;
+  if (!equals_ignoring_ascii_case(authorization.substr(0, kScheme.size()), kScheme)) {
+    return std::nullopt;
+  }
+  std::string_view rest = authorization.substr(kScheme.size());
+  // "Bearerabc" is a different scheme, not "Bearer abc".
+  if (rest.front() != ' ' && rest.front() != '\t') return std::nullopt;
+  return plain_key(rest);
+}
+
+std::optional<std::string_view> plain_key(std::string_view header_value) {
+  std::string_view key = trim_spaces(header_value);
+  if (key.empty()) return std::nullopt;
+  return key;
+}
+
+}  // namespace sluice::auth

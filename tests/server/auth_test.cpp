@@ -1,0 +1,199 @@
+// The auth stage behind the gateway: keys, model allow-lists, limits and
+// OpenAI's rate-limit headers.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <sys/wait.h>
+#include <thread>
+
+#include "sluice/auth/key_store.hpp"
+#include "support/gateway_fixture.hpp"
+#include "support/http_client.hpp"
+
+namespace sluice::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+constexpr const char* kTeamKey = "sk-team-a-0123456789";
+constexpr const char* kOtherKey = "sk-team-b-9876543210";
+
+std::string hex_sha256(std::string_view text) {
+  auto digest = auth::sha256(text);
+  std::string hex;
+  char buf[3];
+  for (auto byte : digest) {
+    std::snprintf(buf, sizeof buf, "%02x", byte);
+    hex += buf;
+  }
+  return hex;
+}
+
+std::string config_with_keys(const std::string& base_url, const std::string& key_lines) {
+  return "auth:\n  keys:\n" + key_lines +
+         "models:\n  - name: chat-fast\n    deployments:\n" + deployment_yaml("fast", base_url) +
+         "  - name: secret-model\n    deployments:\n" + deployment_yaml("secret", base_url);
+}
+
+Headers bearer(const std::string& key) { return {{"Authorization", "Bearer " + key}}; }
+
+class Auth : public ::testing::Test {
+ protected:
+  void SetUp() override { upstream_ = start_mock(); }
+  HttpResponse chat(TestGateway& gateway, const Headers& headers,
+                    const std::string& model = "chat-fast") {
+    return http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body(model, false),
+                        headers);
+  }
+  std::unique_ptr<mock::MockServer> upstream_;
+};
+
+TEST_F(Auth, MissingWrongOrMalformedKeyIs401) {
+  TestGateway gateway(config_with_keys(upstream_->base_url(),
+                                       std::string("    - name: team-a\n      key: ") + kTeamKey + "\n"));
+  for (const auto& headers : std::vector<Headers>{
+           {},
+           bearer("sk-wrong-key-000000"),
+           {{"Authorization", std::string("Basic ") + kTeamKey}},
+           {{"Authorization", "Bearer"}},
+       }) {
+    auto response = chat(gateway, headers);
+    EXPECT_EQ(response.status, 401u) << response.body;
+    auto error = json::parse(response.body)["error"];
+    EXPECT_EQ(error["code"], "invalid_api_key");
+    EXPECT_EQ(response.body.find("sk-wrong"), std::string::npos);
+  }
+  EXPECT_EQ(http_request(gateway.port(), "GET", "/v1/models").status, 401u);
+  EXPECT_EQ(upstream_->stats().requests, 0u);
+  // The three places a key may come from.
+  EXPECT_EQ(chat(gateway, bearer(kTeamKey)).status, 200u);
+  EXPECT_EQ(chat(gateway, {{"api-key", kTeamKey}}).status, 200u);
+  EXPECT_EQ(chat(gateway, {{"x-api-key", kTeamKey}}).status, 200u);
+  // The client's key never travels upstream.
+  for (const auto& seen : upstream_->recent_requests()) {
+    for (const auto& [name, value] : seen.headers) {
+      EXPECT_EQ(value.find(kTeamKey), std::string::npos) << name;
+    }
+  }
+}
+
+TEST_F(Auth, KeyStoredAsSha256Authenticates) {
+  TestGateway gateway(config_with_keys(
+      upstream_->base_url(), "    - name: team-a\n      key_sha256: " + hex_sha256(kTeamKey) + "\n"));
+  EXPECT_EQ(chat(gateway, bearer(kTeamKey)).status, 200u);
+  EXPECT_EQ(chat(gateway, bearer(kOtherKey)).status, 401u);
+}
+
+TEST_F(Auth, ForbiddenModelIs404AndHiddenFromModelList) {
+  TestGateway gateway(config_with_keys(
+      upstream_->base_url(),
+      std::string("    - name: team-a\n      key: ") + kTeamKey + "\n      models: [\"chat-*\"]\n"));
+  auto denied = chat(gateway, bearer(kTeamKey), "secret-model");
+  EXPECT_EQ(denied.status, 404u);
+  EXPECT_EQ(json::parse(denied.body)["error"]["code"], "model_not_found");
+  EXPECT_EQ(chat(gateway, bearer(kTeamKey), "chat-fast").status, 200u);
+
+  auto models = http_request(gateway.port(), "GET", "/v1/models", "", bearer(kTeamKey));
+  ASSERT_EQ(models.status, 200u);
+  auto data = json::parse(models.body)["data"];
+  ASSERT_EQ(data.size(), 1u);
+  EXPECT_EQ(data[0]["id"], "chat-fast");
+}
+
+TEST_F(Auth, RpmLimitGives429AfterExactlyRpmRequestsWithHeaders) {
+  TestGateway gateway(config_with_keys(
+      upstream_->base_url(),
+      std::string("    - name: team-a\n      key: ") + kTeamKey + "\n      rpm: 5\n"));
+  for (int i = 0; i < 5; ++i) {
+    auto response = chat(gateway, bearer(kTeamKey));
+    ASSERT_EQ(response.status, 200u) << "request " << i;
+    EXPECT_EQ(response.header("x-ratelimit-limit-requests"), "5");
+    EXPECT_EQ(response.header("x-ratelimit-remaining-requests"), std::to_string(4 - i));
+    EXPECT_FALSE(response.header("x-ratelimit-reset-requests").empty());
+  }
+  auto limited = chat(gateway, bearer(kTeamKey));
+  EXPECT_EQ(limited.status, 429u);
+  auto error = json::parse(limited.body)["error"];
+  EXPECT_EQ(error["code"], "rate_limit_exceeded");
+  EXPECT_NE(error["message"].get<std::string>().find("team-a"), std::string::npos);
+  EXPECT_GE(std::stoi(limited.header("retry-after")), 1);
+  EXPECT_EQ(limited.header("x-ratelimit-remaining-requests"), "0");
+  EXPECT_EQ(upstream_->stats().requests, 5u);
+  // Another key has its own budget.
+}
+
+TEST_F(Auth, TpmLimitRefusesOnceTheBudgetIsSpent) {
+  TestGateway gateway(config_with_keys(
+      upstream_->base_url(),
+      std::string("    - name: team-a\n      key: ") + kTeamKey + "\n      tpm: 1000\n"));
+  // Each request reserves its estimate: 600 tokens of max_tokens.
+  auto ask = [&] {
+    return http_request(gateway.port(), "POST", "/v1/chat/completions",
+                        chat_body("chat-fast", false, "\"max_tokens\":600"), bearer(kTeamKey));
+  };
+  auto first = ask();
+  ASSERT_EQ(first.status, 200u);
+  EXPECT_EQ(first.header("x-ratelimit-limit-tokens"), "1000");
+  // The mock reports far fewer tokens than reserved: the estimate is settled
+  // down to the real usage, so the budget is not spent yet.
+  EXPECT_EQ(ask().status, 200u);
+  int refused_after = 0;
+  for (int i = 0; i < 20; ++i) {
+    if (ask().status == 429) break;
+    ++refused_after;
+  }
+  EXPECT_LT(refused_after, 20);
+}
+
+TEST_F(Auth, MaxParallelCountsStreamsUntilTheyEnd) {
+  mock::Behaviour slow;
+  slow.interval = 100ms;
+  slow.tokens = 5;
+  upstream_->set_behaviour(slow);
+  TestGateway gateway(config_with_keys(
+      upstream_->base_url(),
+      std::string("    - name: team-a\n      key: ") + kTeamKey + "\n      max_parallel: 2\n"));
+  HttpConnection first(gateway.port()), second(gateway.port());
+  first.send("POST", "/v1/chat/completions", chat_body("chat-fast", true), bearer(kTeamKey));
+  second.send("POST", "/v1/chat/completions", chat_body("chat-fast", true), bearer(kTeamKey));
+  ASSERT_EQ(first.read_head().status, 200u);
+  ASSERT_EQ(second.read_head().status, 200u);
+  auto third = chat(gateway, bearer(kTeamKey));
+  EXPECT_EQ(third.status, 429u);
+  EXPECT_NE(json::parse(third.body)["error"]["message"].get<std::string>().find("max_parallel"),
+            std::string::npos);
+  first.read_rest_of_body();
+  EXPECT_EQ(chat(gateway, bearer(kTeamKey)).status, 200u);
+  second.read_rest_of_body();
+}
+
+// The binary refuses a config without keys unless auth is explicitly off.
+TEST(AuthStartup, RefusesToStartWithoutKeys) {
+  const char* binary = std::getenv("SLUICE_BINARY");
+  ASSERT_NE(binary, nullptr) << "SLUICE_BINARY is not set";
+  TempFile config(
+      "models:\n  - name: m\n    deployments:\n      - base_url: http://127.0.0.1:9/v1\n", ".yaml");
+  std::string command = std::string(binary) + " --check-config " + config.path() + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[512];
+  while (std::fgets(buffer, sizeof buffer, pipe)) output += buffer;
+  int status = pclose(pipe);
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  EXPECT_NE(output.find("auth"), std::string::npos) << output;
+
+  TempFile opted_out("auth:\n  disabled: true\nmodels:\n  - name: m\n    deployments:\n"
+                     "      - base_url: http://127.0.0.1:9/v1\n",
+                     ".yaml");
+  command = std::string(binary) + " --check-config " + opted_out.path() + " 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(command.c_str())), 0);
+}
+
+}  // namespace
+}  // namespace sluice::testing
