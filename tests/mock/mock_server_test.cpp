@@ -1,0 +1,1109 @@
+// Tests of sluice-mock over real sockets on 127.0.0.1. Every network
+// operation in the client below carries a timeout, so a misbehaving server
+// fails a test instead of hanging it.
+
+#include "mock/mock_server.hpp"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+namespace ssl = boost::asio::ssl;
+using namespace std::chrono_literals;
+using sluice::mock::Behaviour;
+using sluice::mock::MockServer;
+using sluice::mock::Stats;
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+using Response = http::response<http::string_body>;
+using Headers = std::vector<std::pair<std::string, std::string>>;
+
+constexpr auto kIoTimeout = 5s;
+
+std::unique_ptr<MockServer> start_mock(Behaviour behaviour = {}, std::string cert_pem = {},
+                                       std::string key_pem = {}) {
+  MockServer::Options options;
+  options.behaviour = std::move(behaviour);
+  options.tls_cert_pem = std::move(cert_pem);
+  options.tls_key_pem = std::move(key_pem);
+  auto server = std::make_unique<MockServer>(std::move(options));
+  server->start();
+  return server;
+}
+
+Json chat_body(std::string model = "gpt-test", bool stream = false, bool include_usage = false,
+               std::string content = "hello") {
+  Json body = {{"model", std::move(model)},
+               {"messages", Json::array({{{"role", "user"}, {"content", std::move(content)}}})}};
+  if (stream) body["stream"] = true;
+  if (include_usage) body["stream_options"] = {{"include_usage", true}};
+  return body;
+}
+
+std::string expected_content(unsigned tokens) {
+  std::string content;
+  for (unsigned i = 0; i < tokens; ++i) content += "tok" + std::to_string(i) + " ";
+  return content;
+}
+
+// The JSON payload of an SSE event ("data: {...}\n\n"), or null for [DONE].
+Json event_data(const std::string& event) {
+  const auto data = event.find("data: ");
+  if (data == std::string::npos) return Json::object({{"missing_data", event}});
+  std::string payload = event.substr(data + 6);
+  while (!payload.empty() && payload.back() == '\n') payload.pop_back();
+  if (payload == "[DONE]") return nullptr;
+  return Json::parse(payload);
+}
+
+// A small blocking HTTP/1.1 client. Each operation runs the private
+// io_context until the operation completes; the tcp_stream expiry bounds it.
+class TestClient {
+ public:
+  explicit TestClient(std::uint16_t port, bool tls = false) : port_(port) {
+    if (tls) {
+      tls_context_.set_verify_mode(ssl::verify_none);
+      secure_ = std::make_unique<beast::ssl_stream<beast::tcp_stream>>(io_, tls_context_);
+    } else {
+      plain_ = std::make_unique<beast::tcp_stream>(io_);
+    }
+  }
+
+  boost::system::error_code connect() {
+    const asio::ip::tcp::endpoint endpoint(asio::ip::make_address("127.0.0.1"), port_);
+    auto error = run([&](auto handler) { lowest().async_connect(endpoint, handler); });
+    if (!error && secure_) {
+      error =
+          run([&](auto handler) { secure_->async_handshake(ssl::stream_base::client, handler); });
+    }
+    return error;
+  }
+
+  boost::system::error_code send(http::verb method, std::string target, std::string body = {},
+                                 const Headers& headers = {}) {
+    http::request<http::string_body> request{method, target, 11};
+    request.set(http::field::host, "127.0.0.1");
+    if (method == http::verb::post) request.set(http::field::content_type, "application/json");
+    for (const auto& [name, value] : headers) request.set(name, value);
+    request.body() = std::move(body);
+    request.prepare_payload();
+    return run([&](auto handler) {
+      with_stream([&](auto& stream) { http::async_write(stream, request, handler); });
+    });
+  }
+
+  // Reads one whole response; on failure the error is in last_error().
+  Response read_response() {
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(std::numeric_limits<std::uint64_t>::max());
+    last_error_ = run([&](auto handler) {
+      with_stream([&](auto& stream) { http::async_read(stream, buffer_, parser, handler); });
+    });
+    return last_error_ ? Response{} : parser.release();
+  }
+
+  Response request(http::verb method, std::string target, std::string body = {},
+                   const Headers& headers = {}) {
+    if (!connected_) {
+      last_error_ = connect();
+      if (last_error_) return {};
+      connected_ = true;
+    }
+    last_error_ = send(method, std::move(target), std::move(body), headers);
+    if (last_error_) return {};
+    return read_response();
+  }
+
+  Response post(std::string target, const Json& body, const Headers& headers = {}) {
+    return request(http::verb::post, std::move(target), body.dump(), headers);
+  }
+
+  // Starts reading a streamed response: the head, and whatever arrived with it.
+  boost::system::error_code read_stream_head() {
+    stream_parser_.emplace();
+    stream_parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
+    consumed_ = 0;
+    reads_ = 0;
+    last_error_ = run([&](auto handler) {
+      with_stream([&](auto& stream) {
+        http::async_read_header(stream, buffer_, *stream_parser_, handler);
+      });
+    });
+    return last_error_;
+  }
+
+  const http::response_parser<http::string_body>::value_type& stream_message() const {
+    return stream_parser_->get();
+  }
+
+  // The next complete SSE event ("...\n\n"), or nullopt at the end of the
+  // body or on an error (see last_error()).
+  std::optional<std::string> next_event(std::chrono::milliseconds timeout = kIoTimeout) {
+    for (;;) {
+      const std::string& body = stream_parser_->get().body();
+      if (auto end = body.find("\n\n", consumed_); end != std::string::npos) {
+        std::string event = body.substr(consumed_, end + 2 - consumed_);
+        consumed_ = end + 2;
+        return event;
+      }
+      if (stream_parser_->is_done()) return std::nullopt;
+      last_error_ = run(
+          [&](auto handler) {
+            with_stream([&](auto& stream) {
+              http::async_read_some(stream, buffer_, *stream_parser_, handler);
+            });
+          },
+          timeout);
+      ++reads_;
+      if (last_error_) return std::nullopt;
+    }
+  }
+
+  bool stream_done() const { return stream_parser_ && stream_parser_->is_done(); }
+  std::size_t stream_reads() const { return reads_; }
+  boost::system::error_code last_error() const { return last_error_; }
+
+  // Closes the socket right away (no TLS close_notify), like a client that
+  // gives up on a request.
+  void close() {
+    boost::system::error_code ignored;
+    lowest().socket().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+    lowest().socket().close(ignored);
+  }
+
+  boost::system::error_code write_raw(const std::string& bytes) {
+    return run([&](auto handler) {
+      with_stream([&](auto& stream) { asio::async_write(stream, asio::buffer(bytes), handler); });
+    });
+  }
+
+  // Reads raw bytes until the peer closes or the timeout passes.
+  std::string read_raw_until_close(boost::system::error_code& error) {
+    std::string raw(static_cast<const char*>(buffer_.data().data()), buffer_.size());
+    buffer_.consume(buffer_.size());
+    char chunk[4096];
+    for (;;) {
+      std::size_t got = 0;
+      error = run([&](auto handler) {
+        with_stream([&](auto& stream) {
+          stream.async_read_some(asio::buffer(chunk), [&, handler](auto ec, std::size_t n) {
+            got = n;
+            handler(ec, n);
+          });
+        });
+      });
+      raw.append(chunk, got);
+      if (error) return raw;
+    }
+  }
+
+ private:
+  beast::tcp_stream& lowest() { return secure_ ? beast::get_lowest_layer(*secure_) : *plain_; }
+
+  template <class F>
+  void with_stream(F&& use) {
+    if (secure_) {
+      use(*secure_);
+    } else {
+      use(*plain_);
+    }
+  }
+
+  template <class Start>
+  boost::system::error_code run(Start&& start, std::chrono::milliseconds timeout = kIoTimeout) {
+    boost::system::error_code result;
+    bool completed = false;
+    lowest().expires_after(timeout);
+    start([&](boost::system::error_code error, auto&&...) {
+      result = error;
+      completed = true;
+    });
+    io_.restart();
+    io_.run();
+    lowest().expires_never();
+    if (!completed) result = asio::error::timed_out;
+    return result;
+  }
+
+  std::uint16_t port_;
+  asio::io_context io_;
+  ssl::context tls_context_{ssl::context::tls_client};
+  std::unique_ptr<beast::tcp_stream> plain_;
+  std::unique_ptr<beast::ssl_stream<beast::tcp_stream>> secure_;
+  beast::flat_buffer buffer_;
+  std::optional<http::response_parser<http::string_body>> stream_parser_;
+  std::size_t consumed_ = 0;
+  std::size_t reads_ = 0;
+  bool connected_ = false;
+  boost::system::error_code last_error_;
+};
+
+double cosine(const std::vector<double>& a, const std::vector<double>& b) {
+  double dot = 0, norm_a = 0, norm_b = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    dot += a[i] * b[i];
+    norm_a += a[i] * a[i];
+    norm_b += b[i] * b[i];
+  }
+  return dot / std::sqrt(norm_a * norm_b);
+}
+
+template <class Predicate>
+bool eventually(Predicate&& predicate, std::chrono::milliseconds limit) {
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline) {
+    if (predicate()) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return predicate();
+}
+
+// ---------------------------------------------------------------------------
+
+TEST(MockServer, ChatCompletionHasOpenAiShapeAndEchoesModel) {
+  auto mock = start_mock();
+  EXPECT_EQ(mock->base_url(), "http://127.0.0.1:" + std::to_string(mock->port()) + "/v1");
+  TestClient client(mock->port());
+  // 40 characters of content: an estimate of 10 prompt tokens.
+  const Response response = client.post(
+      "/v1/chat/completions", chat_body("rewritten-model", false, false, std::string(40, 'x')));
+  ASSERT_FALSE(client.last_error()) << client.last_error().message();
+  EXPECT_EQ(response.result_int(), 200);
+  EXPECT_EQ(response[http::field::content_type], "application/json");
+  EXPECT_FALSE(response.chunked());
+  EXPECT_EQ(response[http::field::content_length], std::to_string(response.body().size()));
+
+  const Json body = Json::parse(response.body());
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["model"], "rewritten-model");
+  EXPECT_TRUE(body["id"].get<std::string>().starts_with("chatcmpl-"));
+  ASSERT_EQ(body["choices"].size(), 1u);
+  EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], expected_content(8));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 10);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 8);
+  EXPECT_EQ(body["usage"]["total_tokens"], 18);
+}
+
+TEST(MockServer, AnyPathPrefixIsServedAndUnknownPathsAre404) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  const Response prefixed = client.post("/openai/v1/chat/completions", chat_body());
+  EXPECT_EQ(prefixed.result_int(), 200);
+  EXPECT_EQ(Json::parse(prefixed.body())["object"], "chat.completion");
+
+  const Response unknown = client.request(http::verb::get, "/v1/does-not-exist");
+  EXPECT_EQ(unknown.result_int(), 404);
+  const Json error = Json::parse(unknown.body())["error"];
+  EXPECT_EQ(error["type"], "invalid_request_error");
+  EXPECT_EQ(error["code"], "unknown_url");
+  EXPECT_TRUE(error["param"].is_null());
+  EXPECT_FALSE(error["message"].get<std::string>().empty());
+
+  const Response models = client.request(http::verb::get, "/v1/models");
+  EXPECT_EQ(models.result_int(), 200);
+  const Json list = Json::parse(models.body());
+  EXPECT_EQ(list["object"], "list");
+  EXPECT_EQ(list["data"][0]["id"], "mock-model");
+  EXPECT_EQ(list["data"][0]["owned_by"], "sluice-mock");
+
+  const Response wrong_method = client.request(http::verb::get, "/v1/chat/completions");
+  EXPECT_EQ(wrong_method.result_int(), 405);
+}
+
+TEST(MockServer, InvalidJsonBodyIs400WithOpenAiError) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  const Response response = client.request(http::verb::post, "/v1/chat/completions", "{not json");
+  EXPECT_EQ(response.result_int(), 400);
+  EXPECT_EQ(Json::parse(response.body())["error"]["type"], "invalid_request_error");
+  // The connection stays usable after a client error.
+  EXPECT_EQ(client.post("/v1/chat/completions", chat_body()).result_int(), 200);
+}
+
+TEST(MockServer, StreamEventsArriveOneByOneAtTheInterval) {
+  Behaviour behaviour;
+  behaviour.tokens = 3;
+  behaviour.interval = 300ms;
+  auto mock = start_mock(behaviour);
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+
+  const auto sent = Clock::now();
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/chat/completions",
+                           chat_body("stream-model", true).dump()));
+  ASSERT_FALSE(client.read_stream_head()) << client.last_error().message();
+  EXPECT_EQ(client.stream_message().result_int(), 200);
+  EXPECT_EQ(client.stream_message()[http::field::content_type], "text/event-stream");
+  EXPECT_TRUE(client.stream_message().chunked());
+
+  std::vector<Json> chunks;
+  std::vector<Clock::duration> arrivals;
+  while (auto event = client.next_event()) {
+    arrivals.push_back(Clock::now() - sent);
+    chunks.push_back(event_data(*event));
+  }
+  ASSERT_FALSE(client.last_error()) << client.last_error().message();
+  EXPECT_TRUE(client.stream_done());
+
+  // 3 tokens, the finish chunk, [DONE].
+  ASSERT_EQ(chunks.size(), 5u);
+  // The first event comes with the head, long before the second is due.
+  EXPECT_LT(arrivals[0], 200ms);
+  for (std::size_t i = 1; i < arrivals.size(); ++i) {
+    EXPECT_GE(arrivals[i] - arrivals[i - 1], 200ms) << "event " << i << " came too early";
+  }
+  for (unsigned i = 0; i < 3; ++i) {
+    EXPECT_EQ(chunks[i]["object"], "chat.completion.chunk");
+    EXPECT_EQ(chunks[i]["model"], "stream-model");
+    EXPECT_EQ(chunks[i]["choices"][0]["delta"]["content"], "tok" + std::to_string(i) + " ");
+    EXPECT_TRUE(chunks[i]["choices"][0]["finish_reason"].is_null());
+  }
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_FALSE(chunks[1]["choices"][0]["delta"].contains("role"));
+  EXPECT_EQ(chunks[3]["choices"][0]["finish_reason"], "stop");
+  EXPECT_FALSE(chunks[3].contains("usage"));
+  EXPECT_TRUE(chunks[4].is_null());  // [DONE]
+  EXPECT_TRUE(eventually([&] { return mock->stats().streams_completed == 1; }, 1s));
+}
+
+TEST(MockServer, IncludeUsageAddsAUsageChunkBeforeDone) {
+  Behaviour behaviour;
+  behaviour.tokens = 2;
+  auto mock = start_mock(behaviour);
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/chat/completions",
+                           chat_body("m", true, true, std::string(20, 'a')).dump()));
+  ASSERT_FALSE(client.read_stream_head());
+  std::vector<Json> chunks;
+  while (auto event = client.next_event()) chunks.push_back(event_data(*event));
+  ASSERT_TRUE(client.stream_done()) << client.last_error().message();
+
+  ASSERT_EQ(chunks.size(), 5u);  // 2 tokens, finish, usage, [DONE]
+  EXPECT_EQ(chunks[2]["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(chunks[3]["choices"].empty());
+  EXPECT_EQ(chunks[3]["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(chunks[3]["usage"]["completion_tokens"], 2);
+  EXPECT_EQ(chunks[3]["usage"]["total_tokens"], 7);
+  EXPECT_TRUE(chunks[4].is_null());
+
+  // The connection is kept alive after a completed stream.
+  EXPECT_EQ(client.post("/v1/chat/completions", chat_body()).result_int(), 200);
+  EXPECT_EQ(mock->stats().connections_accepted, 1u);
+}
+
+TEST(MockServer, CompletionsServeTextCompletionObjects) {
+  Behaviour behaviour;
+  behaviour.tokens = 2;
+  auto mock = start_mock(behaviour);
+  TestClient client(mock->port());
+  const Json request = {{"model", "legacy"}, {"prompt", "say something"}};
+  const Response response = client.post("/v1/completions", request);
+  ASSERT_EQ(response.result_int(), 200);
+  const Json body = Json::parse(response.body());
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_EQ(body["model"], "legacy");
+  EXPECT_EQ(body["choices"][0]["text"], "tok0 tok1 ");
+  EXPECT_EQ(body["usage"]["completion_tokens"], 2);
+
+  Json stream_request = request;
+  stream_request["stream"] = true;
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/completions", stream_request.dump()));
+  ASSERT_FALSE(client.read_stream_head());
+  std::vector<Json> chunks;
+  while (auto event = client.next_event()) chunks.push_back(event_data(*event));
+  ASSERT_EQ(chunks.size(), 4u);
+  EXPECT_EQ(chunks[0]["object"], "text_completion");
+  EXPECT_EQ(chunks[1]["choices"][0]["text"], "tok1 ");
+  EXPECT_EQ(chunks[2]["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(chunks[3].is_null());
+}
+
+TEST(MockServer, ResponsesApiServesObjectsAndNamedEvents) {
+  Behaviour behaviour;
+  behaviour.tokens = 2;
+  auto mock = start_mock(behaviour);
+  TestClient client(mock->port());
+  const Json request = {{"model", "resp-model"}, {"input", "abcdefgh"}};
+  const Response response = client.post("/v1/responses", request);
+  ASSERT_EQ(response.result_int(), 200);
+  const Json body = Json::parse(response.body());
+  EXPECT_EQ(body["object"], "response");
+  EXPECT_TRUE(body["id"].get<std::string>().starts_with("resp_"));
+  EXPECT_EQ(body["model"], "resp-model");
+  EXPECT_EQ(body["output"][0]["type"], "message");
+  EXPECT_EQ(body["output"][0]["role"], "assistant");
+  EXPECT_EQ(body["output"][0]["content"][0]["type"], "output_text");
+  EXPECT_EQ(body["output"][0]["content"][0]["text"], "tok0 tok1 ");
+  EXPECT_EQ(body["usage"]["input_tokens"], 2);
+  EXPECT_EQ(body["usage"]["output_tokens"], 2);
+  EXPECT_EQ(body["usage"]["total_tokens"], 4);
+
+  Json stream_request = request;
+  stream_request["stream"] = true;
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/responses", stream_request.dump()));
+  ASSERT_FALSE(client.read_stream_head());
+  std::vector<std::string> events;
+  while (auto event = client.next_event()) events.push_back(*event);
+  ASSERT_TRUE(client.stream_done());
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_TRUE(events[0].starts_with("event: response.output_text.delta\ndata: "));
+  EXPECT_EQ(event_data(events[1])["delta"], "tok1 ");
+  EXPECT_TRUE(events[2].starts_with("event: response.completed\ndata: "));
+  EXPECT_EQ(event_data(events[2])["response"]["output"][0]["content"][0]["text"], "tok0 tok1 ");
+}
+
+TEST(MockServer, EmbeddingsAreDeterministicNormalisedAndSimilarForSimilarTexts) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  const Json request = {{"model", "embed-model"},
+                        {"input",
+                         {"The quick brown fox jumps over the lazy dog",
+                          "the quick brown fox jumped over the lazy dog!",
+                          "Quarterly revenue projections exceeded analyst expectations"}}};
+  const Headers dims = {{"x-mock-dims", "256"}};
+  const Response first = client.post("/v1/embeddings", request, dims);
+  const Response second = client.post("/v1/embeddings", request, dims);
+  ASSERT_EQ(first.result_int(), 200);
+  EXPECT_EQ(first.body(), second.body());
+
+  const Json body = Json::parse(first.body());
+  EXPECT_EQ(body["object"], "list");
+  EXPECT_EQ(body["model"], "embed-model");
+  EXPECT_GT(body["usage"]["prompt_tokens"], 0);
+  ASSERT_EQ(body["data"].size(), 3u);
+  std::vector<std::vector<double>> vectors;
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(body["data"][i]["object"], "embedding");
+    EXPECT_EQ(body["data"][i]["index"], i);
+    auto vector = body["data"][i]["embedding"].get<std::vector<double>>();
+    ASSERT_EQ(vector.size(), 256u);
+    double norm = 0;
+    for (double component : vector) norm += component * component;
+    EXPECT_NEAR(std::sqrt(norm), 1.0, 1e-5);
+    vectors.push_back(std::move(vector));
+  }
+  EXPECT_GT(cosine(vectors[0], vectors[1]), 0.75);
+  EXPECT_LT(cosine(vectors[0], vectors[2]), 0.3);
+
+  // A single string and the default dimensions.
+  const Response single = client.post("/v1/embeddings", {{"model", "e"}, {"input", "hello"}});
+  const Json single_body = Json::parse(single.body());
+  ASSERT_EQ(single_body["data"].size(), 1u);
+  EXPECT_EQ(single_body["data"][0]["embedding"].size(), 16u);
+}
+
+TEST(MockServer, HeaderOverridesApplyToThatRequestOnly) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  const Response overridden =
+      client.post("/v1/chat/completions", chat_body(), {{"X-Mock-Tokens", "3"}});
+  EXPECT_EQ(Json::parse(overridden.body())["choices"][0]["message"]["content"],
+            expected_content(3));
+  const Response normal = client.post("/v1/chat/completions", chat_body());
+  EXPECT_EQ(Json::parse(normal.body())["choices"][0]["message"]["content"], expected_content(8));
+
+  const Response failing =
+      client.post("/v1/chat/completions", chat_body(), {{"x-mock-fail", "503"}});
+  EXPECT_EQ(failing.result_int(), 503);
+  EXPECT_EQ(Json::parse(failing.body())["error"]["type"], "server_error");
+
+  const Response invalid =
+      client.post("/v1/chat/completions", chat_body(), {{"x-mock-tokens", "many"}});
+  EXPECT_EQ(invalid.result_int(), 400);
+  const Response unknown_mode =
+      client.post("/v1/chat/completions", chat_body(), {{"x-mock-fail", "explode"}});
+  EXPECT_EQ(unknown_mode.result_int(), 400);
+}
+
+TEST(MockServer, TtftDelaysTheResponse) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+  auto started = Clock::now();
+  EXPECT_EQ(
+      client.post("/v1/chat/completions", chat_body(), {{"x-mock-ttft-ms", "250"}}).result_int(),
+      200);
+  EXPECT_GE(Clock::now() - started, 240ms);
+
+  // 400 characters = 100 estimated prompt tokens, at 2 ms each.
+  started = Clock::now();
+  EXPECT_EQ(client
+                .post("/v1/chat/completions", chat_body("m", false, false, std::string(400, 'y')),
+                      {{"x-mock-ttft-per-token-us", "2000"}})
+                .result_int(),
+            200);
+  EXPECT_GE(Clock::now() - started, 190ms);
+}
+
+TEST(MockServer, ScriptedErrorStatusesFollowOpenAiConventions) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+
+  const Response server_error =
+      client.post("/v1/chat/completions", chat_body(), {{"x-mock-fail", "500"}});
+  EXPECT_EQ(server_error.result_int(), 500);
+  EXPECT_EQ(Json::parse(server_error.body())["error"]["type"], "server_error");
+
+  const Response limited = client.post("/v1/chat/completions", chat_body(),
+                                       {{"x-mock-fail", "429"}, {"x-mock-retry-after", "7"}});
+  EXPECT_EQ(limited.result_int(), 429);
+  EXPECT_EQ(limited[http::field::retry_after], "7");
+  EXPECT_EQ(Json::parse(limited.body())["error"]["code"], "rate_limit_exceeded");
+
+  const Response context =
+      client.post("/v1/chat/completions", chat_body(), {{"x-mock-fail", "context"}});
+  EXPECT_EQ(context.result_int(), 400);
+  const Json context_error = Json::parse(context.body())["error"];
+  EXPECT_EQ(context_error["code"], "context_length_exceeded");
+  EXPECT_EQ(context_error["type"], "invalid_request_error");
+  EXPECT_TRUE(context_error["message"].get<std::string>().starts_with(
+      "This model's maximum context length is 8192 tokens"));
+
+  const Response rejected =
+      client.post("/v1/chat/completions", chat_body(), {{"x-mock-fail", "400"}});
+  EXPECT_EQ(rejected.result_int(), 400);
+  EXPECT_EQ(Json::parse(rejected.body())["error"]["type"], "invalid_request_error");
+
+  // A streaming request fails the same way, with a JSON error instead of a stream.
+  const Response stream_error =
+      client.post("/v1/chat/completions", chat_body("m", true), {{"x-mock-fail", "500"}});
+  EXPECT_EQ(stream_error.result_int(), 500);
+  EXPECT_EQ(stream_error[http::field::content_type], "application/json");
+}
+
+TEST(MockServer, FailRateFailsOnlySomeRequests) {
+  Behaviour behaviour;
+  behaviour.fail = "500";
+  behaviour.fail_rate = 0.5;
+  auto mock = start_mock(behaviour);
+  TestClient client(mock->port());
+  int failures = 0;
+  int successes = 0;
+  for (int i = 0; i < 60; ++i) {
+    const unsigned status = client.post("/v1/chat/completions", chat_body()).result_int();
+    failures += status == 500;
+    successes += status == 200;
+  }
+  EXPECT_EQ(failures + successes, 60);
+  EXPECT_GT(failures, 10);
+  EXPECT_GT(successes, 10);
+
+  const Response never =
+      client.post("/v1/chat/completions", chat_body(), {{"x-mock-fail-rate", "0"}});
+  EXPECT_EQ(never.result_int(), 200);
+}
+
+TEST(MockServer, StatsCountConnectionsAndRequests) {
+  auto mock = start_mock();
+  {
+    TestClient client(mock->port());
+    EXPECT_EQ(client.post("/v1/chat/completions", chat_body()).result_int(), 200);
+    EXPECT_EQ(client.post("/v1/chat/completions", chat_body()).result_int(), 200);
+    const Stats stats = mock->stats();
+    EXPECT_EQ(stats.connections_accepted, 1u);
+    EXPECT_EQ(stats.open_connections, 1u);
+    EXPECT_EQ(stats.requests, 2u);
+
+    // The control endpoint reports the same numbers and is not counted itself.
+    const Response reported = client.request(http::verb::get, "/mock/stats");
+    ASSERT_EQ(reported.result_int(), 200);
+    const Json json = Json::parse(reported.body());
+    EXPECT_EQ(json["connections_accepted"], 1);
+    EXPECT_EQ(json["open_connections"], 1);
+    EXPECT_EQ(json["requests"], 2);
+    EXPECT_EQ(json["streams_completed"], 0);
+    EXPECT_EQ(json["streams_cancelled"], 0);
+    client.close();
+  }
+  EXPECT_TRUE(eventually([&] { return mock->stats().open_connections == 0; }, 1s));
+  TestClient second(mock->port());
+  EXPECT_EQ(second.request(http::verb::get, "/v1/models").result_int(), 200);
+  EXPECT_EQ(mock->stats().connections_accepted, 2u);
+  EXPECT_EQ(mock->stats().requests, 3u);
+}
+
+TEST(MockServer, PeerCloseMidStreamIsNoticedWhileTheMockSleeps) {
+  Behaviour behaviour;
+  behaviour.interval = 2s;
+  behaviour.tokens = 5;
+  auto mock = start_mock(behaviour);
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/chat/completions", chat_body("m", true).dump()));
+  ASSERT_FALSE(client.read_stream_head());
+  ASSERT_TRUE(client.next_event().has_value());
+  EXPECT_EQ(mock->stats().open_connections, 1u);
+
+  // The mock is now sleeping two seconds before the next event.
+  const auto closed_at = Clock::now();
+  client.close();
+  EXPECT_TRUE(eventually([&] { return mock->stats().streams_cancelled == 1; }, 100ms))
+      << "the close was not noticed within 100 ms";
+  EXPECT_TRUE(eventually([&] { return mock->stats().open_connections == 0; }, 100ms));
+  EXPECT_LT(Clock::now() - closed_at, 150ms);
+  EXPECT_EQ(mock->stats().streams_completed, 0u);
+}
+
+TEST(MockServer, BehaviourEndpointReplacesDefaults) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  const Response updated =
+      client.post("/mock/behaviour", {{"tokens", 2}, {"fail", "429"}, {"retry_after", 9}});
+  EXPECT_EQ(updated.result_int(), 204);
+  EXPECT_EQ(mock->behaviour().tokens, 2u);
+
+  const Response limited = client.post("/v1/chat/completions", chat_body());
+  EXPECT_EQ(limited.result_int(), 429);
+  EXPECT_EQ(limited[http::field::retry_after], "9");
+
+  // Omitted fields keep their value: tokens stays 2.
+  EXPECT_EQ(client.post("/mock/behaviour", {{"fail", ""}}).result_int(), 204);
+  const Response normal = client.post("/v1/chat/completions", chat_body());
+  EXPECT_EQ(normal.result_int(), 200);
+  EXPECT_EQ(Json::parse(normal.body())["choices"][0]["message"]["content"], "tok0 tok1 ");
+
+  EXPECT_EQ(client.post("/mock/behaviour", {{"fail", "sometimes"}}).result_int(), 400);
+  EXPECT_EQ(client.post("/mock/behaviour", {{"tokenz", 1}}).result_int(), 400);
+  EXPECT_EQ(client.post("/mock/behaviour", {{"fail_rate", 2.0}}).result_int(), 400);
+  EXPECT_EQ(mock->behaviour().fail, "");
+
+  // Control requests are neither counted nor recorded.
+  EXPECT_EQ(mock->stats().requests, 2u);
+  EXPECT_EQ(mock->recent_requests().size(), 2u);
+}
+
+TEST(MockServer, SetBehaviourAppliesToLaterRequests) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  Behaviour behaviour;
+  behaviour.tokens = 1;
+  behaviour.dims = 4;
+  mock->set_behaviour(behaviour);
+  EXPECT_EQ(Json::parse(client.post("/v1/chat/completions", chat_body())
+                            .body())["choices"][0]["message"]["content"],
+            "tok0 ");
+  EXPECT_EQ(
+      Json::parse(client.post("/v1/embeddings", {{"input", "x"}}).body())["data"][0]["embedding"]
+          .size(),
+      4u);
+  behaviour.fail = "not-a-mode";
+  EXPECT_THROW(mock->set_behaviour(behaviour), std::invalid_argument);
+}
+
+TEST(MockServer, RecordsRecentRequestsOldestFirst) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  for (int i = 0; i < 70; ++i) {
+    ASSERT_EQ(client
+                  .post("/v1/chat/completions", chat_body("model-" + std::to_string(i)),
+                        {{"X-Request-Number", std::to_string(i)}})
+                  .result_int(),
+              200);
+  }
+  const auto recorded = mock->recent_requests();
+  ASSERT_EQ(recorded.size(), 64u);
+  EXPECT_EQ(recorded.front().header("x-request-number"), "6");
+  EXPECT_EQ(recorded.back().header("X-REQUEST-NUMBER"), "69");
+  EXPECT_EQ(recorded.back().method, "POST");
+  EXPECT_EQ(recorded.back().target, "/v1/chat/completions");
+  EXPECT_EQ(Json::parse(recorded.back().body)["model"], "model-69");
+  EXPECT_FALSE(recorded.back().header("x-not-sent").has_value());
+
+  mock->clear_recorded();
+  EXPECT_TRUE(mock->recent_requests().empty());
+}
+
+TEST(MockServer, ResetClosesWithAnRstAndNoResponse) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  client.post("/v1/chat/completions", chat_body(), {{"x-mock-fail", "reset"}});
+  EXPECT_EQ(client.last_error(), asio::error::connection_reset) << client.last_error().message();
+}
+
+TEST(MockServer, GarbageIsNotHttp) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/chat/completions", chat_body().dump(),
+                           {{"x-mock-fail", "garbage"}}));
+  boost::system::error_code error;
+  const std::string raw = client.read_raw_until_close(error);
+  EXPECT_EQ(raw, "this is not http\r\n\r\n");
+  EXPECT_EQ(error, asio::error::eof) << error.message();
+}
+
+TEST(MockServer, TruncatedStreamEndsWithoutTheTerminatingChunk) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/chat/completions", chat_body("m", true).dump(),
+                           {{"x-mock-fail", "truncate"}}));
+  ASSERT_FALSE(client.read_stream_head());
+  int events = 0;
+  while (client.next_event()) ++events;
+  EXPECT_EQ(events, 3);
+  EXPECT_FALSE(client.stream_done());
+  EXPECT_EQ(client.last_error(), http::error::partial_message) << client.last_error().message();
+}
+
+TEST(MockServer, ResetMidStreamSendsHalfTheEventsThenAnRst) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+  // 8 tokens + finish + [DONE] = 10 events; half of them arrive.
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/chat/completions", chat_body("m", true).dump(),
+                           {{"x-mock-fail", "reset-mid"}, {"x-mock-interval-ms", "5"}}));
+  ASSERT_FALSE(client.read_stream_head());
+  int events = 0;
+  while (client.next_event()) ++events;
+  EXPECT_EQ(events, 5);
+  EXPECT_EQ(client.last_error(), asio::error::connection_reset) << client.last_error().message();
+}
+
+TEST(MockServer, StallMidSendsTheFirstEventThenWaits) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/chat/completions", chat_body("m", true).dump(),
+                           {{"x-mock-fail", "stall-mid"}, {"x-mock-stall-ms", "400"}}));
+  const auto sent = Clock::now();
+  ASSERT_FALSE(client.read_stream_head());
+  ASSERT_TRUE(client.next_event().has_value());
+  EXPECT_LT(Clock::now() - sent, 300ms);
+  ASSERT_TRUE(client.next_event().has_value());
+  EXPECT_GE(Clock::now() - sent, 350ms);
+  while (client.next_event()) {
+  }
+  EXPECT_TRUE(client.stream_done());
+}
+
+TEST(MockServer, StallDelaysEverythingThenAnswers) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  const auto sent = Clock::now();
+  const Response response = client.post("/v1/chat/completions", chat_body(),
+                                        {{"x-mock-fail", "stall"}, {"x-mock-stall-ms", "300"}});
+  EXPECT_EQ(response.result_int(), 200);
+  EXPECT_GE(Clock::now() - sent, 290ms);
+}
+
+TEST(MockServer, EndlessStreamRunsUntilThePeerLeaves) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/chat/completions", chat_body("m", true).dump(),
+                           {{"x-mock-fail", "endless"}, {"x-mock-tokens", "2"}}));
+  ASSERT_FALSE(client.read_stream_head());
+  for (int i = 0; i < 30; ++i) {
+    auto event = client.next_event();
+    ASSERT_TRUE(event.has_value()) << "event " << i << ": " << client.last_error().message();
+    EXPECT_EQ(event_data(*event)["choices"][0]["delta"]["content"],
+              "tok" + std::to_string(i) + " ");
+  }
+  client.close();
+  EXPECT_TRUE(eventually([&] { return mock->stats().streams_cancelled == 1; }, 500ms));
+}
+
+TEST(MockServer, DripSendsTheStreamByteByByte) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+  ASSERT_FALSE(
+      client.send(http::verb::post, "/v1/chat/completions", chat_body("m", true).dump(),
+                  {{"x-mock-fail", "drip"}, {"x-mock-tokens", "1"}, {"x-mock-interval-ms", "1"}}));
+  ASSERT_FALSE(client.read_stream_head());
+  std::vector<Json> chunks;
+  while (auto event = client.next_event()) chunks.push_back(event_data(*event));
+  ASSERT_TRUE(client.stream_done()) << client.last_error().message();
+  ASSERT_EQ(chunks.size(), 3u);
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["content"], "tok0 ");
+  // The body alone is hundreds of bytes, each in its own segment.
+  EXPECT_GT(client.stream_reads(), 100u);
+}
+
+std::pair<std::string, std::string> make_self_signed_certificate() {
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(EVP_EC_gen("P-256"), EVP_PKEY_free);
+  std::unique_ptr<X509, decltype(&X509_free)> cert(X509_new(), X509_free);
+  if (!key || !cert) return {};
+  X509_set_version(cert.get(), 2);
+  ASN1_INTEGER_set(X509_get_serialNumber(cert.get()), 1);
+  X509_gmtime_adj(X509_getm_notBefore(cert.get()), -60);
+  X509_gmtime_adj(X509_getm_notAfter(cert.get()), 3600);
+  X509_set_pubkey(cert.get(), key.get());
+  X509_NAME* name = X509_get_subject_name(cert.get());
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>("localhost"), -1, -1, 0);
+  X509_set_issuer_name(cert.get(), name);
+  X509V3_CTX context;
+  X509V3_set_ctx_nodb(&context);
+  X509V3_set_ctx(&context, cert.get(), cert.get(), nullptr, nullptr, 0);
+  X509_EXTENSION* san =
+      X509V3_EXT_conf_nid(nullptr, &context, NID_subject_alt_name, "DNS:localhost,IP:127.0.0.1");
+  if (san == nullptr) return {};
+  X509_add_ext(cert.get(), san, -1);
+  X509_EXTENSION_free(san);
+  if (X509_sign(cert.get(), key.get(), EVP_sha256()) == 0) return {};
+
+  auto to_pem = [](auto write) {
+    std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new(BIO_s_mem()), BIO_free);
+    write(bio.get());
+    char* data = nullptr;
+    const long size = BIO_get_mem_data(bio.get(), &data);
+    return std::string(data, static_cast<std::size_t>(size));
+  };
+  std::string cert_pem = to_pem([&](BIO* bio) { PEM_write_bio_X509(bio, cert.get()); });
+  std::string key_pem = to_pem([&](BIO* bio) {
+    PEM_write_bio_PrivateKey(bio, key.get(), nullptr, nullptr, 0, nullptr, nullptr);
+  });
+  return {std::move(cert_pem), std::move(key_pem)};
+}
+
+TEST(MockServer, ServesHttpsWhenGivenACertificate) {
+  auto [cert_pem, key_pem] = make_self_signed_certificate();
+  ASSERT_FALSE(cert_pem.empty());
+  ASSERT_FALSE(key_pem.empty());
+  auto mock = start_mock({}, cert_pem, key_pem);
+  EXPECT_EQ(mock->base_url(), "https://127.0.0.1:" + std::to_string(mock->port()) + "/v1");
+
+  TestClient client(mock->port(), /*tls=*/true);
+  const Response response = client.post("/v1/chat/completions", chat_body("tls-model"));
+  ASSERT_FALSE(client.last_error()) << client.last_error().message();
+  EXPECT_EQ(response.result_int(), 200);
+  EXPECT_EQ(Json::parse(response.body())["model"], "tls-model");
+
+  // Streaming works over TLS too, with the peer-close watch in place.
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/chat/completions",
+                           chat_body("tls-model", true).dump(), {{"x-mock-tokens", "2"}}));
+  ASSERT_FALSE(client.read_stream_head());
+  int events = 0;
+  while (client.next_event()) ++events;
+  EXPECT_TRUE(client.stream_done()) << client.last_error().message();
+  EXPECT_EQ(events, 4);
+
+  // A plain-HTTP client gets no HTTP answer from the TLS port.
+  TestClient plain(mock->port());
+  plain.post("/v1/models", {});
+  EXPECT_TRUE(plain.last_error());
+}
+
+TEST(MockServer, AnswersExpectContinueBeforeTheBodyIsSent) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+  const std::string body = chat_body("patient").dump();
+  ASSERT_FALSE(
+      client.write_raw("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       "Content-Type: application/json\r\nExpect: 100-continue\r\n"
+                       "Content-Length: " +
+                       std::to_string(body.size()) + "\r\n\r\n"));
+  const Response interim = client.read_response();
+  ASSERT_FALSE(client.last_error()) << client.last_error().message();
+  EXPECT_EQ(interim.result_int(), 100);
+  ASSERT_FALSE(client.write_raw(body));
+  const Response response = client.read_response();
+  EXPECT_EQ(response.result_int(), 200);
+  EXPECT_EQ(Json::parse(response.body())["model"], "patient");
+}
+
+TEST(MockServer, ServesConcurrentStreamsOnSeveralThreads) {
+  MockServer::Options options;
+  options.threads = 2;
+  options.behaviour.tokens = 20;
+  options.behaviour.interval = 1ms;
+  MockServer mock(options);
+  mock.start();
+  constexpr int kClients = 8;
+  constexpr int kStreamsPerClient = 5;
+  std::vector<int> complete_streams(kClients, 0);
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      TestClient client(mock.port());
+      if (client.connect()) return;
+      for (int s = 0; s < kStreamsPerClient; ++s) {
+        if (client.send(http::verb::post, "/v1/chat/completions", chat_body("m", true).dump())) {
+          return;
+        }
+        if (client.read_stream_head()) return;
+        int events = 0;
+        while (client.next_event()) ++events;
+        if (client.stream_done() && events == 22) ++complete_streams[c];
+      }
+    });
+  }
+  for (auto& client : clients) client.join();
+  for (int c = 0; c < kClients; ++c) EXPECT_EQ(complete_streams[c], kStreamsPerClient) << c;
+  const Stats stats = mock.stats();
+  EXPECT_EQ(stats.connections_accepted, static_cast<std::uint64_t>(kClients));
+  EXPECT_EQ(stats.requests, static_cast<std::uint64_t>(kClients * kStreamsPerClient));
+  EXPECT_EQ(stats.streams_completed, static_cast<std::uint64_t>(kClients * kStreamsPerClient));
+  EXPECT_EQ(stats.streams_cancelled, 0u);
+}
+
+TEST(MockServer, StopClosesOpenConnectionsAndIsIdempotent) {
+  Behaviour behaviour;
+  behaviour.interval = 5s;
+  auto mock = start_mock(behaviour);
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/chat/completions", chat_body("m", true).dump()));
+  ASSERT_FALSE(client.read_stream_head());
+  ASSERT_TRUE(client.next_event().has_value());
+
+  const auto stopping = Clock::now();
+  mock->stop();
+  EXPECT_LT(Clock::now() - stopping, 1s);
+  mock->stop();
+  EXPECT_FALSE(client.next_event(1000ms).has_value());
+  EXPECT_TRUE(client.last_error());
+  EXPECT_NE(client.last_error(), asio::error::timed_out);
+}
+
+// ---------------------------------------------------------------------------
+// The sluice-mock executable (its path comes from the build; skipped when run
+// outside ctest without SLUICE_MOCK_BINARY).
+
+struct Child {
+  pid_t pid = -1;
+  int stdout_fd = -1;
+  int stderr_fd = -1;
+};
+
+Child spawn(const std::string& binary, std::vector<std::string> arguments) {
+  int out[2];
+  int err[2];
+  if (pipe(out) != 0 || pipe(err) != 0) return {};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    dup2(err[1], STDERR_FILENO);
+    close(out[0]);
+    close(err[0]);
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(binary.c_str()));
+    for (auto& argument : arguments) argv.push_back(argument.data());
+    argv.push_back(nullptr);
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  close(err[1]);
+  return {pid, out[0], err[0]};
+}
+
+// Reads one line from `fd`, giving up after `timeout`.
+std::string read_line(int fd, std::chrono::milliseconds timeout) {
+  std::string line;
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    pollfd readable{fd, POLLIN, 0};
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (poll(&readable, 1, static_cast<int>(std::max<long>(1, left.count()))) <= 0) continue;
+    char c;
+    if (read(fd, &c, 1) != 1) break;
+    if (c == '\n') return line;
+    line += c;
+  }
+  return line;
+}
+
+// Waits for the child to exit; -1 if it is still running after `timeout`
+// (it is then killed).
+int wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  int status = 0;
+  while (Clock::now() < deadline) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
+    std::this_thread::sleep_for(5ms);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return -1;
+}
+
+// SLUICE_MOCK_BINARY, or else the executable where the build puts it
+// relative to this test binary (build/tests/ and build/tools/mock/).
+std::optional<std::string> mock_binary() {
+  if (const char* configured = std::getenv("SLUICE_MOCK_BINARY")) return std::string(configured);
+  char self[4096];
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (length <= 0) return std::nullopt;
+  std::string path(self, static_cast<std::size_t>(length));
+  path = path.substr(0, path.rfind('/'));
+  path = path.substr(0, path.rfind('/')) + "/tools/mock/sluice-mock";
+  if (access(path.c_str(), X_OK) != 0) return std::nullopt;
+  return path;
+}
+
+TEST(MockBinary, PrintsTheListeningLineServesAndExitsCleanlyOnSigterm) {
+  const auto binary = mock_binary();
+  if (!binary) GTEST_SKIP() << "sluice-mock not found; set SLUICE_MOCK_BINARY";
+  Child child = spawn(*binary, {"--listen", "127.0.0.1:0", "--tokens", "2", "--ttft", "0"});
+  ASSERT_GT(child.pid, 0);
+  const std::string line = read_line(child.stdout_fd, 5s);
+  const std::string prefix = "sluice-mock listening on http://127.0.0.1:";
+  ASSERT_TRUE(line.starts_with(prefix)) << line;
+  const int port = std::stoi(line.substr(prefix.size()));
+  ASSERT_GT(port, 0);
+
+  TestClient client(static_cast<std::uint16_t>(port));
+  const Response response = client.post("/v1/chat/completions", chat_body());
+  EXPECT_EQ(response.result_int(), 200);
+  EXPECT_EQ(Json::parse(response.body())["choices"][0]["message"]["content"], "tok0 tok1 ");
+
+  kill(child.pid, SIGTERM);
+  EXPECT_EQ(wait_exit(child.pid, 5s), 0);
+  close(child.stdout_fd);
+  close(child.stderr_fd);
+}
+
+TEST(MockBinary, BadArgumentsExitWithCode2) {
+  const auto binary = mock_binary();
+  if (!binary) GTEST_SKIP() << "sluice-mock not found; set SLUICE_MOCK_BINARY";
+  for (const auto& arguments : std::vector<std::vector<std::string>>{
+           {"--fail", "sometimes"}, {"--ttft", "soon"}, {"--listen", "nowhere"}, {"--what"}}) {
+    Child child = spawn(*binary, arguments);
+    ASSERT_GT(child.pid, 0);
+    EXPECT_EQ(wait_exit(child.pid, 5s), 2) << arguments.front();
+    EXPECT_FALSE(read_line(child.stderr_fd, 1s).empty()) << arguments.front();
+    close(child.stdout_fd);
+    close(child.stderr_fd);
+  }
+}
+
+}  // namespace

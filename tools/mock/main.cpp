@@ -1,0 +1,253 @@
+// sluice-mock: runs the mock OpenAI-compatible upstream until SIGINT/SIGTERM.
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+#include "mock/mock_server.hpp"
+
+namespace {
+
+using sluice::mock::MockServer;
+
+constexpr int kUsageError = 2;
+
+constexpr std::string_view kUsage =
+    R"(usage: sluice-mock [options]
+
+Serves an OpenAI-compatible mock API (chat/completions, completions,
+embeddings, responses, models) whose timing and failures are scripted.
+
+  --listen HOST:PORT     address to listen on (default 127.0.0.1:8000; port 0 picks one)
+  --threads N            serving threads (default 1)
+  --ttft DUR             delay before the first token (default 0)
+  --ttft-per-token DUR   extra first-token delay per prompt token (default 0)
+  --interval DUR         gap between stream events (default 0)
+  --tokens N             tokens per completion (default 8)
+  --fail MODE            400|500|503|429|context|stall|stall-mid|reset|reset-mid|
+                         garbage|truncate|endless|drip (default: none)
+  --fail-rate X          probability in [0,1] that --fail applies (default 1)
+  --stall DUR            how long stall modes sleep (default 60s)
+  --retry-after N        Retry-After seconds on 429 (default 1)
+  --dims N               embedding dimensions (default 16)
+  --tls-cert FILE        PEM certificate chain; with --tls-key serves HTTPS
+  --tls-key FILE         PEM private key
+  --help                 this text
+
+Durations: 0, 250us, 20ms, 2s, 1.5s, 1m (a bare number is milliseconds).
+Every default can be overridden per request with x-mock-* headers, and
+changed at run time with POST /mock/behaviour; GET /mock/stats shows counters.
+)";
+
+// Thrown for anything the user typed wrong; main turns it into exit code 2.
+struct UsageError {
+  std::string message;
+};
+
+std::optional<std::chrono::microseconds> parse_duration(std::string_view text) {
+  std::size_t number_end = 0;
+  while (number_end < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[number_end])) || text[number_end] == '.')) {
+    ++number_end;
+  }
+  double amount = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + number_end, amount);
+  if (number_end == 0 || error != std::errc{} || end != text.data() + number_end) {
+    return std::nullopt;
+  }
+  const std::string_view unit = text.substr(number_end);
+  double microseconds_per_unit = 0;
+  if (unit == "us") {
+    microseconds_per_unit = 1;
+  } else if (unit == "ms" || unit.empty()) {
+    microseconds_per_unit = 1e3;
+  } else if (unit == "s") {
+    microseconds_per_unit = 1e6;
+  } else if (unit == "m") {
+    microseconds_per_unit = 60e6;
+  } else {
+    return std::nullopt;
+  }
+  const double total = amount * microseconds_per_unit;
+  if (!std::isfinite(total) || total > 1e15) return std::nullopt;
+  return std::chrono::microseconds(static_cast<std::int64_t>(std::llround(total)));
+}
+
+std::chrono::milliseconds duration_option(std::string_view option, std::string_view value) {
+  auto duration = parse_duration(value);
+  if (!duration) {
+    throw UsageError{"invalid duration for " + std::string(option) + ": '" + std::string(value) +
+                     "'"};
+  }
+  return std::chrono::round<std::chrono::milliseconds>(*duration);
+}
+
+unsigned count_option(std::string_view option, std::string_view value, unsigned minimum = 0) {
+  unsigned count = 0;
+  auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), count);
+  if (value.empty() || error != std::errc{} || end != value.data() + value.size() ||
+      count < minimum) {
+    throw UsageError{"invalid number for " + std::string(option) + ": '" + std::string(value) +
+                     "'"};
+  }
+  return count;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw UsageError{"cannot read " + path};
+  std::ostringstream contents;
+  contents << file.rdbuf();
+  return contents.str();
+}
+
+void parse_listen(std::string_view value, MockServer::Options& options) {
+  const auto colon = value.rfind(':');
+  if (colon == std::string_view::npos) throw UsageError{"--listen expects HOST:PORT"};
+  std::string_view host = value.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const unsigned port = count_option("--listen", value.substr(colon + 1));
+  if (host.empty() || port > 65535) throw UsageError{"--listen expects HOST:PORT"};
+  options.host = std::string(host);
+  options.port = static_cast<std::uint16_t>(port);
+}
+
+struct Arguments {
+  MockServer::Options options;
+  bool help = false;
+};
+
+Arguments parse_arguments(int argc, char** argv) {
+  Arguments arguments;
+  auto& options = arguments.options;
+  auto& behaviour = options.behaviour;
+  options.port = 8000;
+  std::string cert_file;
+  std::string key_file;
+
+  for (int i = 1; i < argc; ++i) {
+    std::string_view option = argv[i];
+    std::optional<std::string_view> inline_value;
+    if (auto equals = option.find('='); option.starts_with("--") && equals != option.npos) {
+      inline_value = option.substr(equals + 1);
+      option = option.substr(0, equals);
+    }
+    if (option == "--help" || option == "-h") {
+      arguments.help = true;
+      continue;
+    }
+    auto value = [&]() -> std::string_view {
+      if (inline_value) return *inline_value;
+      if (i + 1 >= argc) throw UsageError{std::string(option) + " needs a value"};
+      return argv[++i];
+    };
+
+    if (option == "--listen") {
+      parse_listen(value(), options);
+    } else if (option == "--threads") {
+      options.threads = count_option(option, value(), 1);
+    } else if (option == "--ttft") {
+      behaviour.ttft = duration_option(option, value());
+    } else if (option == "--ttft-per-token") {
+      auto duration = parse_duration(value());
+      if (!duration) throw UsageError{"invalid duration for --ttft-per-token"};
+      behaviour.ttft_per_prompt_token = *duration;
+    } else if (option == "--interval") {
+      behaviour.interval = duration_option(option, value());
+    } else if (option == "--tokens") {
+      behaviour.tokens = count_option(option, value());
+    } else if (option == "--fail") {
+      const std::string_view mode = value();
+      if (!sluice::mock::is_valid_fail_mode(mode)) {
+        throw UsageError{"unknown failure mode '" + std::string(mode) + "'"};
+      }
+      behaviour.fail = std::string(mode);
+    } else if (option == "--fail-rate") {
+      const std::string_view text = value();
+      double rate = -1;
+      auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), rate);
+      if (error != std::errc{} || end != text.data() + text.size() || !(rate >= 0 && rate <= 1)) {
+        throw UsageError{"--fail-rate expects a number in [0, 1]"};
+      }
+      behaviour.fail_rate = rate;
+    } else if (option == "--stall") {
+      behaviour.stall = duration_option(option, value());
+    } else if (option == "--retry-after") {
+      behaviour.retry_after_s = count_option(option, value());
+    } else if (option == "--dims") {
+      behaviour.dims = count_option(option, value(), 1);
+    } else if (option == "--tls-cert") {
+      cert_file = std::string(value());
+    } else if (option == "--tls-key") {
+      key_file = std::string(value());
+    } else {
+      throw UsageError{"unknown option '" + std::string(option) + "'"};
+    }
+  }
+
+  if (cert_file.empty() != key_file.empty()) {
+    throw UsageError{"--tls-cert and --tls-key go together"};
+  }
+  if (!cert_file.empty()) {
+    options.tls_cert_pem = read_file(cert_file);
+    options.tls_key_pem = read_file(key_file);
+  }
+  return arguments;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Arguments arguments;
+  try {
+    arguments = parse_arguments(argc, argv);
+  } catch (const UsageError& error) {
+    std::cerr << "sluice-mock: " << error.message << "\n(see sluice-mock --help)\n";
+    return kUsageError;
+  }
+  if (arguments.help) {
+    std::cout << kUsage;
+    return 0;
+  }
+
+  // Blocked before the server threads exist, so they inherit the mask and the
+  // signals are delivered only to sigwait below.
+  sigset_t shutdown_signals;
+  sigemptyset(&shutdown_signals);
+  sigaddset(&shutdown_signals, SIGINT);
+  sigaddset(&shutdown_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &shutdown_signals, nullptr);
+
+  const bool tls = !arguments.options.tls_cert_pem.empty();
+  std::string host = arguments.options.host;
+  if (host.find(':') != std::string::npos) host = "[" + host + "]";
+
+  MockServer server(arguments.options);
+  try {
+    server.start();
+  } catch (const std::exception& error) {
+    std::cerr << "sluice-mock: cannot listen on " << host << ":" << arguments.options.port << ": "
+              << error.what() << "\n";
+    return 1;
+  }
+  std::cout << "sluice-mock listening on " << (tls ? "https://" : "http://") << host << ":"
+            << server.port() << std::endl;
+
+  int received = 0;
+  sigwait(&shutdown_signals, &received);
+  server.stop();
+  return 0;
+}

@@ -1,0 +1,1658 @@
+#include "mock/mock_server.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
+#include <variant>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
+
+namespace sluice::mock {
+
+namespace {
+
+namespace asio = boost::asio;
+namespace ssl = boost::asio::ssl;
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+using asio::awaitable;
+using asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+using Request = http::request<http::string_body>;
+
+constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+
+constexpr std::size_t kRecordedLimit = 64;
+constexpr std::size_t kMaxBodyBytes = 64 * 1024 * 1024;
+constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
+constexpr unsigned kMaxDims = 65536;
+constexpr std::uint64_t kContextLimitTokens = 8192;
+// Events a truncated stream sends before it is cut off.
+constexpr std::size_t kTruncateAfterEvents = 3;
+// An endless stream with no interval would flood the peer; this floor keeps it
+// a stream rather than a firehose.
+constexpr auto kEndlessMinInterval = std::chrono::milliseconds(1);
+constexpr std::string_view kDefaultModel = "mock-model";
+constexpr std::uint64_t kMaxHeaderDuration = 86'400'000;
+
+// ---------------------------------------------------------------------------
+// Small text helpers
+
+std::string_view to_std(beast::string_view text) { return {text.data(), text.size()}; }
+
+bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+void append_uint(std::string& out, std::uint64_t value) {
+  char digits[24];
+  auto result = std::to_chars(digits, digits + sizeof digits, value);
+  out.append(digits, result.ptr);
+}
+
+void append_int(std::string& out, std::int64_t value) {
+  char digits[24];
+  auto result = std::to_chars(digits, digits + sizeof digits, value);
+  out.append(digits, result.ptr);
+}
+
+void append_float(std::string& out, float value) {
+  char digits[32];
+  auto result = std::to_chars(digits, digits + sizeof digits, value);
+  out.append(digits, result.ptr);
+}
+
+// Appends `text` as a quoted JSON string.
+void append_json_string(std::string& out, std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out += '"';
+  for (char c : text) {
+    auto byte = static_cast<unsigned char>(c);
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (byte < 0x20) {
+          out += "\\u00";
+          out += kHex[byte >> 4];
+          out += kHex[byte & 0xf];
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+}
+
+void append_base64(std::string& out, const unsigned char* data, std::size_t size) {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::size_t i = 0;
+  for (; i + 3 <= size; i += 3) {
+    std::uint32_t triple = (data[i] << 16) | (data[i + 1] << 8) | data[i + 2];
+    out += kAlphabet[(triple >> 18) & 63];
+    out += kAlphabet[(triple >> 12) & 63];
+    out += kAlphabet[(triple >> 6) & 63];
+    out += kAlphabet[triple & 63];
+  }
+  if (std::size_t rest = size - i; rest > 0) {
+    std::uint32_t triple = data[i] << 16;
+    if (rest == 2) triple |= data[i + 1] << 8;
+    out += kAlphabet[(triple >> 18) & 63];
+    out += kAlphabet[(triple >> 12) & 63];
+    out += rest == 2 ? kAlphabet[(triple >> 6) & 63] : '=';
+    out += '=';
+  }
+}
+
+template <class Unsigned>
+std::optional<Unsigned> parse_unsigned(std::string_view text) {
+  Unsigned value{};
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc{} || end != text.data() + text.size() || text.empty()) return std::nullopt;
+  return value;
+}
+
+std::optional<double> parse_rate(std::string_view text) {
+  double value = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc{} || end != text.data() + text.size() || text.empty()) return std::nullopt;
+  if (!(value >= 0.0 && value <= 1.0)) return std::nullopt;
+  return value;
+}
+
+// Token i of every completion; a fixed shape lets tests predict the content.
+void append_token(std::string& out, std::size_t index) {
+  out += "tok";
+  append_uint(out, index);
+  out += ' ';
+}
+
+// ---------------------------------------------------------------------------
+// Failure modes
+
+enum class FailMode {
+  none,
+  bad_request,
+  server_error,
+  unavailable,
+  rate_limited,
+  context_length,
+  stall,
+  stall_mid,
+  reset,
+  reset_mid,
+  garbage,
+  truncate,
+  endless,
+  drip,
+};
+
+std::optional<FailMode> parse_fail_mode(std::string_view mode) {
+  static constexpr std::pair<std::string_view, FailMode> kModes[] = {
+      {"", FailMode::none},
+      {"400", FailMode::bad_request},
+      {"500", FailMode::server_error},
+      {"503", FailMode::unavailable},
+      {"429", FailMode::rate_limited},
+      {"context", FailMode::context_length},
+      {"stall", FailMode::stall},
+      {"stall-mid", FailMode::stall_mid},
+      {"reset", FailMode::reset},
+      {"reset-mid", FailMode::reset_mid},
+      {"garbage", FailMode::garbage},
+      {"truncate", FailMode::truncate},
+      {"endless", FailMode::endless},
+      {"drip", FailMode::drip},
+  };
+  for (const auto& [name, value] : kModes) {
+    if (name == mode) return value;
+  }
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------
+// Endpoints
+
+enum class Endpoint {
+  chat,
+  completions,
+  embeddings,
+  responses,
+  models,
+  mock_stats,
+  mock_behaviour,
+  unknown,
+};
+
+// Matching on the suffix accepts any base path ("/v1", "/openai/v1", ...).
+Endpoint classify(std::string_view target) {
+  std::string_view path = target.substr(0, target.find('?'));
+  if (path.ends_with("/mock/stats")) return Endpoint::mock_stats;
+  if (path.ends_with("/mock/behaviour")) return Endpoint::mock_behaviour;
+  if (path.ends_with("/chat/completions")) return Endpoint::chat;
+  if (path.ends_with("/completions")) return Endpoint::completions;
+  if (path.ends_with("/embeddings")) return Endpoint::embeddings;
+  if (path.ends_with("/responses")) return Endpoint::responses;
+  if (path.ends_with("/models")) return Endpoint::models;
+  return Endpoint::unknown;
+}
+
+bool is_control(Endpoint endpoint) {
+  return endpoint == Endpoint::mock_stats || endpoint == Endpoint::mock_behaviour;
+}
+
+// ---------------------------------------------------------------------------
+// OpenAI payloads
+
+std::string error_body(std::string_view message, std::string_view type, std::string_view param,
+                       std::string_view code) {
+  std::string out;
+  out.reserve(128 + message.size());
+  out += R"({"error":{"message":)";
+  append_json_string(out, message);
+  out += R"(,"type":)";
+  append_json_string(out, type);
+  out += R"(,"param":)";
+  if (param.empty()) {
+    out += "null";
+  } else {
+    append_json_string(out, param);
+  }
+  out += R"(,"code":)";
+  if (code.empty()) {
+    out += "null";
+  } else {
+    append_json_string(out, code);
+  }
+  out += "}}";
+  return out;
+}
+
+// A response decided before any streaming starts: an error or a control reply.
+struct Reply {
+  unsigned status = 200;
+  std::string body;
+  unsigned retry_after_s = 0;  // 0: no Retry-After header
+  std::string_view content_type = "application/json";
+};
+
+Reply invalid_request(std::string_view message, std::string_view param = {},
+                      std::string_view code = {}) {
+  return {400, error_body(message, "invalid_request_error", param, code)};
+}
+
+std::size_t text_chars(const Json& value) {
+  if (value.is_string()) return value.get_ref<const std::string&>().size();
+  std::size_t chars = 0;
+  if (value.is_array()) {
+    for (const auto& part : value) chars += text_chars(part);
+  } else if (value.is_object()) {
+    // Content parts ({"type":"text","text":...}) and Responses input items
+    // ({"role":...,"content":...}).
+    if (auto text = value.find("text"); text != value.end()) chars += text_chars(*text);
+    if (auto content = value.find("content"); content != value.end()) chars += text_chars(*content);
+  } else if (value.is_number()) {
+    chars += 4;  // a token id
+  }
+  return chars;
+}
+
+// The estimate real providers roughly follow: four characters per token.
+std::uint64_t estimate_prompt_tokens(Endpoint endpoint, const Json& body) {
+  std::size_t chars = 0;
+  switch (endpoint) {
+    case Endpoint::chat:
+      if (auto messages = body.find("messages"); messages != body.end() && messages->is_array()) {
+        for (const auto& message : *messages) {
+          if (message.is_object()) {
+            if (auto content = message.find("content"); content != message.end()) {
+              chars += text_chars(*content);
+            }
+          }
+        }
+      }
+      break;
+    case Endpoint::completions:
+      if (auto prompt = body.find("prompt"); prompt != body.end()) chars += text_chars(*prompt);
+      break;
+    case Endpoint::embeddings:
+      if (auto input = body.find("input"); input != body.end()) chars += text_chars(*input);
+      break;
+    case Endpoint::responses:
+      if (auto input = body.find("input"); input != body.end()) chars += text_chars(*input);
+      if (auto instructions = body.find("instructions"); instructions != body.end()) {
+        chars += text_chars(*instructions);
+      }
+      break;
+    default:
+      break;
+  }
+  return std::max<std::uint64_t>(1, chars / 4);
+}
+
+// Bag-of-words embedding: every word (lowercased run of alphanumerics; bytes
+// above 0x7f count as letters so UTF-8 text works) adds 1 to the bucket its
+// FNV-1a hash selects. Texts sharing most words get a high cosine similarity.
+std::vector<float> embed(std::string_view text, unsigned dims) {
+  constexpr std::uint32_t kFnvOffset = 2166136261u;
+  constexpr std::uint32_t kFnvPrime = 16777619u;
+  std::vector<float> vector(dims, 0.0f);
+  std::uint32_t hash = kFnvOffset;
+  bool in_word = false;
+  auto end_word = [&] {
+    if (in_word) vector[hash % dims] += 1.0f;
+    hash = kFnvOffset;
+    in_word = false;
+  };
+  for (char c : text) {
+    auto byte = static_cast<unsigned char>(c);
+    if (std::isalnum(byte) || byte >= 0x80) {
+      hash = (hash ^ static_cast<unsigned char>(std::tolower(byte))) * kFnvPrime;
+      in_word = true;
+    } else {
+      end_word();
+    }
+  }
+  end_word();
+  double norm_squared = 0;
+  for (float component : vector) norm_squared += double(component) * component;
+  if (norm_squared == 0) {
+    vector[0] = 1.0f;  // still a unit vector for empty input
+  } else {
+    const auto scale = static_cast<float>(1.0 / std::sqrt(norm_squared));
+    for (float& component : vector) component *= scale;
+  }
+  return vector;
+}
+
+std::string embedding_input_text(const Json& input) {
+  if (input.is_string()) return input.get<std::string>();
+  std::string text;
+  if (input.is_array()) {  // token ids: each id becomes a word
+    for (const auto& item : input) {
+      if (!text.empty()) text += ' ';
+      text += item.is_string() ? item.get<std::string>() : item.dump();
+    }
+  } else {
+    text = input.dump();
+  }
+  return text;
+}
+
+// Everything needed to answer one model request, fixed before the first byte.
+struct Plan {
+  Endpoint endpoint = Endpoint::unknown;
+  Behaviour behaviour;
+  FailMode fail = FailMode::none;
+  bool stream = false;
+  bool include_usage = false;
+  bool embeddings_base64 = false;
+  std::string model_json;  // the request's model, already a quoted JSON string
+  std::uint64_t prompt_tokens = 1;
+  std::uint64_t serial = 0;
+  std::int64_t created = 0;
+  Clock::duration ttft{};
+  std::vector<std::string> embedding_inputs;
+  unsigned dims = 16;
+};
+
+void append_usage(std::string& out, const Plan& plan) {
+  const std::uint64_t completion = plan.behaviour.tokens;
+  if (plan.endpoint == Endpoint::responses) {
+    out += R"({"input_tokens":)";
+    append_uint(out, plan.prompt_tokens);
+    out += R"(,"output_tokens":)";
+    append_uint(out, completion);
+  } else {
+    out += R"({"prompt_tokens":)";
+    append_uint(out, plan.prompt_tokens);
+    out += R"(,"completion_tokens":)";
+    append_uint(out, completion);
+  }
+  out += R"(,"total_tokens":)";
+  append_uint(out, plan.prompt_tokens + completion);
+  out += '}';
+}
+
+void append_all_tokens(std::string& out, const Plan& plan) {
+  for (unsigned i = 0; i < plan.behaviour.tokens; ++i) append_token(out, i);
+}
+
+void append_response_object(std::string& out, const Plan& plan) {
+  out += R"({"id":"resp_mock_)";
+  append_uint(out, plan.serial);
+  out += R"(","object":"response","created_at":)";
+  append_int(out, plan.created);
+  out += R"(,"status":"completed","model":)";
+  out += plan.model_json;
+  out += R"(,"output":[{"type":"message","id":"msg_mock_)";
+  append_uint(out, plan.serial);
+  out += R"(","status":"completed","role":"assistant","content":[{"type":"output_text","text":")";
+  append_all_tokens(out, plan);
+  out += R"(","annotations":[]}]}],"usage":)";
+  append_usage(out, plan);
+  out += '}';
+}
+
+std::string complete_body(const Plan& plan) {
+  std::string out;
+  out.reserve(320 + plan.behaviour.tokens * 8);
+  switch (plan.endpoint) {
+    case Endpoint::chat:
+      out += R"({"id":"chatcmpl-mock-)";
+      append_uint(out, plan.serial);
+      out += R"(","object":"chat.completion","created":)";
+      append_int(out, plan.created);
+      out += R"(,"model":)";
+      out += plan.model_json;
+      out += R"(,"choices":[{"index":0,"message":{"role":"assistant","content":")";
+      append_all_tokens(out, plan);
+      out += R"("},"logprobs":null,"finish_reason":"stop"}],"usage":)";
+      append_usage(out, plan);
+      out += '}';
+      break;
+    case Endpoint::completions:
+      out += R"({"id":"cmpl-mock-)";
+      append_uint(out, plan.serial);
+      out += R"(","object":"text_completion","created":)";
+      append_int(out, plan.created);
+      out += R"(,"model":)";
+      out += plan.model_json;
+      out += R"(,"choices":[{"index":0,"text":")";
+      append_all_tokens(out, plan);
+      out += R"(","logprobs":null,"finish_reason":"stop"}],"usage":)";
+      append_usage(out, plan);
+      out += '}';
+      break;
+    case Endpoint::responses:
+      append_response_object(out, plan);
+      break;
+    case Endpoint::embeddings: {
+      out.reserve(128 + plan.embedding_inputs.size() * plan.dims * 12);
+      out += R"({"object":"list","data":[)";
+      for (std::size_t i = 0; i < plan.embedding_inputs.size(); ++i) {
+        if (i > 0) out += ',';
+        out += R"({"object":"embedding","index":)";
+        append_uint(out, i);
+        out += R"(,"embedding":)";
+        const auto vector = embed(plan.embedding_inputs[i], plan.dims);
+        if (plan.embeddings_base64) {
+          // Little-endian float32, as the OpenAI SDKs decode it.
+          std::string raw(vector.size() * sizeof(float), '\0');
+          std::memcpy(raw.data(), vector.data(), raw.size());
+          out += '"';
+          append_base64(out, reinterpret_cast<const unsigned char*>(raw.data()), raw.size());
+          out += '"';
+        } else {
+          out += '[';
+          for (std::size_t d = 0; d < vector.size(); ++d) {
+            if (d > 0) out += ',';
+            append_float(out, vector[d]);
+          }
+          out += ']';
+        }
+        out += '}';
+      }
+      out += R"(],"model":)";
+      out += plan.model_json;
+      out += R"(,"usage":{"prompt_tokens":)";
+      append_uint(out, plan.prompt_tokens);
+      out += R"(,"total_tokens":)";
+      append_uint(out, plan.prompt_tokens);
+      out += "}}";
+      break;
+    }
+    case Endpoint::models:
+      out +=
+          R"({"object":"list","data":[{"id":"mock-model","object":"model","created":0,"owned_by":"sluice-mock"}]})";
+      break;
+    default:
+      break;
+  }
+  return out;
+}
+
+// The events of one stream, formatted on demand so a long or endless stream
+// costs no memory up front.
+class EventScript {
+ public:
+  explicit EventScript(const Plan& plan) : plan_(plan) {
+    const std::size_t tokens = plan.behaviour.tokens;
+    if (plan.endpoint == Endpoint::responses) {
+      count_ = tokens + 1;  // deltas, then response.completed
+      return;
+    }
+    count_ = tokens + 1 + (plan.include_usage ? 1 : 0) + 1;  // + finish, usage, [DONE]
+    prefix_.reserve(160 + plan.model_json.size());
+    prefix_ += R"(data: {"id":")";
+    prefix_ += plan.endpoint == Endpoint::chat ? "chatcmpl-mock-" : "cmpl-mock-";
+    append_uint(prefix_, plan.serial);
+    prefix_ += plan.endpoint == Endpoint::chat ? R"(","object":"chat.completion.chunk","created":)"
+                                               : R"(","object":"text_completion","created":)";
+    append_int(prefix_, plan.created);
+    prefix_ += R"(,"model":)";
+    prefix_ += plan.model_json;
+    prefix_ += R"(,"choices":)";
+  }
+
+  std::size_t size() const { return count_; }
+
+  // Appends event `index` with its SSE framing.
+  void append_event(std::size_t index, std::string& out) const {
+    const std::size_t tokens = plan_.behaviour.tokens;
+    if (index < tokens) {
+      append_token_event(index, out);
+    } else if (plan_.endpoint == Endpoint::responses) {
+      out +=
+          "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":";
+      append_uint(out, index);
+      out += R"(,"response":)";
+      append_response_object(out, plan_);
+      out += "}\n\n";
+    } else if (index == tokens) {
+      out += prefix_;
+      if (plan_.endpoint == Endpoint::chat) {
+        out += tokens == 0 ? R"([{"index":0,"delta":{"role":"assistant"},"finish_reason":"stop"}]})"
+                           : R"([{"index":0,"delta":{},"finish_reason":"stop"}]})";
+      } else {
+        out += R"([{"index":0,"text":"","logprobs":null,"finish_reason":"stop"}]})";
+      }
+      out += "\n\n";
+    } else if (plan_.include_usage && index == tokens + 1) {
+      out += prefix_;
+      out += R"([],"usage":)";
+      append_usage(out, plan_);
+      out += "}\n\n";
+    } else {
+      out += "data: [DONE]\n\n";
+    }
+  }
+
+  // Appends the content event for token `index`; endless streams call this
+  // past the scripted token count.
+  void append_token_event(std::size_t index, std::string& out) const {
+    if (plan_.endpoint == Endpoint::responses) {
+      out += "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",";
+      out += R"("item_id":"msg_mock_)";
+      append_uint(out, plan_.serial);
+      out += R"(","output_index":0,"content_index":0,"sequence_number":)";
+      append_uint(out, index);
+      out += R"(,"delta":")";
+      append_token(out, index);
+      out += "\"}\n\n";
+      return;
+    }
+    out += prefix_;
+    if (plan_.endpoint == Endpoint::chat) {
+      out += index == 0 ? R"([{"index":0,"delta":{"role":"assistant","content":")"
+                        : R"([{"index":0,"delta":{"content":")";
+      append_token(out, index);
+      out += R"("},"logprobs":null,"finish_reason":null}]})";
+    } else {
+      out += R"([{"index":0,"text":")";
+      append_token(out, index);
+      out += R"(","logprobs":null,"finish_reason":null}]})";
+    }
+    out += "\n\n";
+  }
+
+ private:
+  const Plan& plan_;
+  std::string prefix_;  // everything of a chunk up to the choices array
+  std::size_t count_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// Behaviour overrides
+
+std::optional<std::string> apply_header_overrides(const http::fields& fields,
+                                                  Behaviour& behaviour) {
+  auto header = [&](std::string_view name) -> std::optional<std::string_view> {
+    auto found = fields.find(beast::string_view(name.data(), name.size()));
+    if (found == fields.end()) return std::nullopt;
+    return to_std(found->value());
+  };
+  auto invalid = [](std::string_view name) {
+    return "invalid value for header " + std::string(name);
+  };
+  auto read_count = [&](std::string_view name, auto& target) -> bool {
+    auto value = header(name);
+    if (!value) return true;
+    auto parsed = parse_unsigned<std::uint64_t>(*value);
+    if (!parsed || *parsed > std::numeric_limits<unsigned>::max()) return false;
+    target = static_cast<std::remove_reference_t<decltype(target)>>(*parsed);
+    return true;
+  };
+  auto read_duration = [&](std::string_view name, auto& target) -> bool {
+    auto value = header(name);
+    if (!value) return true;
+    auto parsed = parse_unsigned<std::uint64_t>(*value);
+    // A day in milliseconds: anything longer is a typo, and keeps the
+    // arithmetic on durations far from overflow.
+    if (!parsed || *parsed > kMaxHeaderDuration) return false;
+    target = std::remove_reference_t<decltype(target)>(*parsed);
+    return true;
+  };
+
+  if (!read_duration("x-mock-ttft-ms", behaviour.ttft)) return invalid("x-mock-ttft-ms");
+  if (!read_duration("x-mock-ttft-per-token-us", behaviour.ttft_per_prompt_token)) {
+    return invalid("x-mock-ttft-per-token-us");
+  }
+  if (!read_duration("x-mock-interval-ms", behaviour.interval)) {
+    return invalid("x-mock-interval-ms");
+  }
+  if (!read_count("x-mock-tokens", behaviour.tokens)) return invalid("x-mock-tokens");
+  if (!read_duration("x-mock-stall-ms", behaviour.stall)) return invalid("x-mock-stall-ms");
+  if (!read_count("x-mock-retry-after", behaviour.retry_after_s)) {
+    return invalid("x-mock-retry-after");
+  }
+  if (!read_count("x-mock-dims", behaviour.dims) || behaviour.dims == 0 ||
+      behaviour.dims > kMaxDims) {
+    return invalid("x-mock-dims");
+  }
+  if (auto value = header("x-mock-fail")) {
+    if (!parse_fail_mode(*value)) return invalid("x-mock-fail");
+    behaviour.fail.assign(value->data(), value->size());
+  }
+  if (auto value = header("x-mock-fail-rate")) {
+    auto rate = parse_rate(*value);
+    if (!rate) return invalid("x-mock-fail-rate");
+    behaviour.fail_rate = *rate;
+  }
+  return std::nullopt;
+}
+
+// Applies a POST /mock/behaviour document; omitted fields keep their value.
+std::optional<std::string> apply_behaviour_json(const Json& document, Behaviour& behaviour) {
+  if (!document.is_object()) return "the body must be a JSON object";
+  for (const auto& [key, value] : document.items()) {
+    auto count = [&]() -> std::optional<unsigned> {
+      if (!value.is_number_unsigned()) return std::nullopt;
+      auto number = value.get<std::uint64_t>();
+      if (number > std::numeric_limits<unsigned>::max()) return std::nullopt;
+      return static_cast<unsigned>(number);
+    };
+    auto milliseconds = [&]() -> std::optional<std::chrono::milliseconds> {
+      if (!value.is_number_unsigned()) return std::nullopt;
+      return std::chrono::milliseconds(value.get<std::uint64_t>());
+    };
+    bool ok = true;
+    if (key == "ttft_ms") {
+      auto v = milliseconds();
+      ok = v.has_value();
+      if (ok) behaviour.ttft = *v;
+    } else if (key == "ttft_per_token_us") {
+      ok = value.is_number_unsigned();
+      if (ok)
+        behaviour.ttft_per_prompt_token = std::chrono::microseconds(value.get<std::uint64_t>());
+    } else if (key == "interval_ms") {
+      auto v = milliseconds();
+      ok = v.has_value();
+      if (ok) behaviour.interval = *v;
+    } else if (key == "stall_ms") {
+      auto v = milliseconds();
+      ok = v.has_value();
+      if (ok) behaviour.stall = *v;
+    } else if (key == "tokens") {
+      auto v = count();
+      ok = v.has_value();
+      if (ok) behaviour.tokens = *v;
+    } else if (key == "retry_after") {
+      auto v = count();
+      ok = v.has_value();
+      if (ok) behaviour.retry_after_s = *v;
+    } else if (key == "dims") {
+      auto v = count();
+      ok = v.has_value() && *v > 0 && *v <= kMaxDims;
+      if (ok) behaviour.dims = *v;
+    } else if (key == "fail") {
+      ok = value.is_string() && parse_fail_mode(value.get_ref<const std::string&>()).has_value();
+      if (ok) behaviour.fail = value.get<std::string>();
+    } else if (key == "fail_rate") {
+      ok = value.is_number() && value.get<double>() >= 0.0 && value.get<double>() <= 1.0;
+      if (ok) behaviour.fail_rate = value.get<double>();
+    } else {
+      return "unknown behaviour field '" + key + "'";
+    }
+    if (!ok) return "invalid value for behaviour field '" + key + "'";
+  }
+  return std::nullopt;
+}
+
+Json behaviour_json(const Behaviour& behaviour) {
+  return {
+      {"ttft_ms", behaviour.ttft.count()},
+      {"ttft_per_token_us", behaviour.ttft_per_prompt_token.count()},
+      {"interval_ms", behaviour.interval.count()},
+      {"tokens", behaviour.tokens},
+      {"fail", behaviour.fail},
+      {"stall_ms", behaviour.stall.count()},
+      {"fail_rate", behaviour.fail_rate},
+      {"retry_after", behaviour.retry_after_s},
+      {"dims", behaviour.dims},
+  };
+}
+
+// ---------------------------------------------------------------------------
+// HTTP framing
+
+void append_head(std::string& out, unsigned status, std::string_view content_type,
+                 std::size_t content_length, bool keep_alive, unsigned retry_after_s = 0) {
+  out += "HTTP/1.1 ";
+  append_uint(out, status);
+  out += ' ';
+  out += to_std(http::obsolete_reason(http::int_to_status(status)));
+  out += "\r\nServer: sluice-mock\r\n";
+  if (status != 204) {
+    if (!content_type.empty()) {
+      out += "Content-Type: ";
+      out += content_type;
+      out += "\r\n";
+    }
+    out += "Content-Length: ";
+    append_uint(out, content_length);
+    out += "\r\n";
+  }
+  if (retry_after_s > 0) {
+    out += "Retry-After: ";
+    append_uint(out, retry_after_s);
+    out += "\r\n";
+  }
+  out += keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+}
+
+void append_stream_head(std::string& out, bool keep_alive) {
+  out +=
+      "HTTP/1.1 200 OK\r\nServer: sluice-mock\r\nContent-Type: text/event-stream\r\n"
+      "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
+  out += keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+}
+
+void append_chunk(std::string& out, std::string_view payload) {
+  char size[16];
+  auto result = std::to_chars(size, size + sizeof size, payload.size(), 16);
+  out.append(size, result.ptr);
+  out += "\r\n";
+  out += payload;
+  out += "\r\n";
+}
+
+constexpr std::string_view kLastChunk = "0\r\n\r\n";
+
+// ---------------------------------------------------------------------------
+// Server-wide state shared by every connection
+
+struct SharedState {
+  std::atomic<std::uint64_t> connections_accepted{0};
+  std::atomic<std::uint64_t> open_connections{0};
+  std::atomic<std::uint64_t> requests{0};
+  std::atomic<std::uint64_t> streams_completed{0};
+  std::atomic<std::uint64_t> streams_cancelled{0};
+  std::atomic<std::uint64_t> next_serial{1};
+
+  mutable std::mutex behaviour_mutex;
+  Behaviour behaviour;
+  // One seeded sequence for the whole server, so a run with a given order of
+  // requests fails the same ones again.
+  std::mt19937_64 failure_rng{0x5eed5eedULL};
+
+  mutable std::mutex recorded_mutex;
+  std::deque<RecordedRequest> recorded;
+
+  Behaviour behaviour_snapshot() const {
+    std::lock_guard lock(behaviour_mutex);
+    return behaviour;
+  }
+
+  bool roll_failure(double rate) {
+    if (rate >= 1.0) return true;
+    if (rate <= 0.0) return false;
+    std::lock_guard lock(behaviour_mutex);
+    return std::uniform_real_distribution<double>(0.0, 1.0)(failure_rng) < rate;
+  }
+
+  void record(const Request& request) {
+    RecordedRequest entry;
+    entry.method = to_std(request.method_string());
+    entry.target = to_std(request.target());
+    entry.headers.reserve(16);
+    for (const auto& field : request) {
+      entry.headers.emplace_back(to_std(field.name_string()), to_std(field.value()));
+    }
+    entry.body = request.body();
+    std::lock_guard lock(recorded_mutex);
+    if (recorded.size() == kRecordedLimit) recorded.pop_front();
+    recorded.push_back(std::move(entry));
+  }
+
+  Stats stats() const {
+    Stats snapshot;
+    snapshot.connections_accepted = connections_accepted.load(std::memory_order_relaxed);
+    snapshot.open_connections = open_connections.load(std::memory_order_relaxed);
+    snapshot.requests = requests.load(std::memory_order_relaxed);
+    snapshot.streams_completed = streams_completed.load(std::memory_order_relaxed);
+    snapshot.streams_cancelled = streams_cancelled.load(std::memory_order_relaxed);
+    return snapshot;
+  }
+
+  std::string stats_json() const {
+    const Stats snapshot = stats();
+    return Json{
+        {"connections_accepted", snapshot.connections_accepted},
+        {"open_connections", snapshot.open_connections},
+        {"requests", snapshot.requests},
+        {"streams_completed", snapshot.streams_completed},
+        {"streams_cancelled", snapshot.streams_cancelled},
+    }
+        .dump();
+  }
+};
+
+// Builds the plan for a model request, or the error reply that replaces it.
+std::variant<Plan, Reply> make_plan(Endpoint endpoint, const Request& request, SharedState& state) {
+  Json body;
+  if (endpoint != Endpoint::models) {
+    body = Json::parse(request.body(), nullptr, /*allow_exceptions=*/false);
+    if (body.is_discarded() || !body.is_object()) {
+      return invalid_request(
+          "We could not parse the JSON body of your request. The body must be a JSON object.");
+    }
+  }
+
+  Plan plan;
+  plan.endpoint = endpoint;
+  plan.behaviour = state.behaviour_snapshot();
+  if (auto error = apply_header_overrides(request.base(), plan.behaviour)) {
+    return invalid_request(*error, {}, "invalid_mock_header");
+  }
+  auto fail = parse_fail_mode(plan.behaviour.fail);
+  if (!fail) return invalid_request("unknown failure mode '" + plan.behaviour.fail + "'");
+  if (*fail != FailMode::none && state.roll_failure(plan.behaviour.fail_rate)) plan.fail = *fail;
+
+  auto required = [&](const char* field) { return body.contains(field); };
+  switch (endpoint) {
+    case Endpoint::chat:
+      if (!required("messages") || !body["messages"].is_array()) {
+        return invalid_request("'messages' is a required array", "messages");
+      }
+      break;
+    case Endpoint::completions:
+      if (!required("prompt")) return invalid_request("'prompt' is required", "prompt");
+      break;
+    case Endpoint::embeddings:
+    case Endpoint::responses:
+      if (!required("input")) return invalid_request("'input' is required", "input");
+      break;
+    default:
+      break;
+  }
+
+  plan.model_json.reserve(32);
+  if (auto model = body.find("model"); model != body.end() && model->is_string()) {
+    append_json_string(plan.model_json, model->get_ref<const std::string&>());
+  } else {
+    append_json_string(plan.model_json, kDefaultModel);
+  }
+  if (endpoint != Endpoint::models && endpoint != Endpoint::embeddings) {
+    if (auto stream = body.find("stream"); stream != body.end() && stream->is_boolean()) {
+      plan.stream = stream->get<bool>();
+    }
+    if (auto options = body.find("stream_options"); options != body.end() && options->is_object()) {
+      if (auto usage = options->find("include_usage");
+          usage != options->end() && usage->is_boolean()) {
+        plan.include_usage = usage->get<bool>();
+      }
+    }
+  }
+  if (endpoint == Endpoint::embeddings) {
+    const Json& input = body["input"];
+    if (input.is_array() && !input.empty() && !input.front().is_number()) {
+      for (const auto& item : input) plan.embedding_inputs.push_back(embedding_input_text(item));
+    } else {
+      plan.embedding_inputs.push_back(embedding_input_text(input));
+    }
+    plan.dims = plan.behaviour.dims;
+    if (auto dims = body.find("dimensions"); dims != body.end() && dims->is_number_unsigned()) {
+      auto requested = dims->get<std::uint64_t>();
+      if (requested == 0 || requested > kMaxDims) {
+        return invalid_request("'dimensions' is out of range", "dimensions");
+      }
+      plan.dims = static_cast<unsigned>(requested);
+    }
+    if (auto format = body.find("encoding_format"); format != body.end() && format->is_string()) {
+      plan.embeddings_base64 = format->get_ref<const std::string&>() == "base64";
+    }
+  }
+
+  plan.prompt_tokens = estimate_prompt_tokens(endpoint, body);
+  plan.serial = state.next_serial.fetch_add(1, std::memory_order_relaxed);
+  plan.created = std::chrono::duration_cast<std::chrono::seconds>(
+                     std::chrono::system_clock::now().time_since_epoch())
+                     .count();
+  plan.ttft = plan.behaviour.ttft +
+              plan.behaviour.ttft_per_prompt_token * static_cast<std::int64_t>(plan.prompt_tokens);
+  return plan;
+}
+
+std::optional<Reply> failure_reply(const Plan& plan) {
+  switch (plan.fail) {
+    case FailMode::bad_request:
+      return invalid_request("Mock failure: the request was rejected (x-mock-fail: 400).");
+    case FailMode::server_error:
+      return Reply{500, error_body("The server had an error while processing your request. "
+                                   "Sorry about that!",
+                                   "server_error", {}, {})};
+    case FailMode::unavailable:
+      return Reply{
+          503, error_body("The server is overloaded or not ready yet.", "server_error", {}, {})};
+    case FailMode::rate_limited: {
+      std::string message = "Rate limit reached for requests. Please try again in ";
+      append_uint(message, plan.behaviour.retry_after_s);
+      message += "s.";
+      return Reply{429, error_body(message, "requests", {}, "rate_limit_exceeded"),
+                   plan.behaviour.retry_after_s};
+    }
+    case FailMode::context_length: {
+      std::string message = "This model's maximum context length is 8192 tokens. However, your ";
+      message += "messages resulted in ";
+      append_uint(message, std::max(plan.prompt_tokens, kContextLimitTokens + 1));
+      message += " tokens. Please reduce the length of the messages.";
+      return invalid_request(message, "messages", "context_length_exceeded");
+    }
+    default:
+      return std::nullopt;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Connections
+
+class ConnectionHandle {
+ public:
+  virtual ~ConnectionHandle() = default;
+  // Closes the connection from any thread.
+  virtual void close_for_shutdown() = 0;
+};
+
+// Live connections, so stop() can close them all.
+class Registry {
+ public:
+  // False once the server is stopping: the caller must drop the connection.
+  bool add(std::uint64_t id, std::weak_ptr<ConnectionHandle> connection) {
+    std::lock_guard lock(mutex_);
+    if (closed_) return false;
+    live_.emplace(id, std::move(connection));
+    return true;
+  }
+
+  void remove(std::uint64_t id) {
+    std::lock_guard lock(mutex_);
+    live_.erase(id);
+  }
+
+  std::vector<std::shared_ptr<ConnectionHandle>> close_registry() {
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+    std::vector<std::shared_ptr<ConnectionHandle>> connections;
+    connections.reserve(live_.size());
+    for (auto& [id, weak] : live_) {
+      if (auto connection = weak.lock()) connections.push_back(std::move(connection));
+    }
+    return connections;
+  }
+
+ private:
+  std::mutex mutex_;
+  bool closed_ = false;
+  std::unordered_map<std::uint64_t, std::weak_ptr<ConnectionHandle>> live_;
+};
+
+enum class CloseStyle { graceful, reset };
+
+// One client connection. Two coroutines share its strand: the reader always
+// has a read pending (so a peer that goes away is noticed immediately, even
+// while a response is sleeping between events) and queues requests; the
+// responder answers them in order.
+//
+// Every co_await here is a statement of its own (`x = co_await f(...);`),
+// never part of an if condition or a ?: operand: GCC 12 miscompiles a
+// co_await inside a condition when its operand involves a temporary, and the
+// awaited coroutine is then resumed at a wrong frame address.
+template <class Stream>
+class Connection final : public ConnectionHandle,
+                         public std::enable_shared_from_this<Connection<Stream>> {
+  static constexpr bool kTls = !std::is_same_v<Stream, tcp::socket>;
+
+ public:
+  Connection(SharedState& state, Registry& registry, std::uint64_t id, Stream stream)
+      : state_(state),
+        registry_(registry),
+        id_(id),
+        stream_(std::move(stream)),
+        sleep_timer_(stream_.get_executor()),
+        request_ready_(stream_.get_executor()) {
+    read_buffer_.reserve(16 * 1024);
+    out_.reserve(4096);
+    event_.reserve(1024);
+  }
+
+  ~Connection() override {
+    // Reached without close() only if a coroutine ended by an exception.
+    if (!closed_) state_.open_connections.fetch_sub(1, std::memory_order_relaxed);
+    registry_.remove(id_);
+  }
+
+  static void launch(std::shared_ptr<Connection> self) {
+    auto executor = self->stream_.get_executor();
+    asio::co_spawn(executor, run(self), close_on_exception(self));
+  }
+
+  void close_for_shutdown() override {
+    asio::post(stream_.get_executor(),
+               [self = this->shared_from_this()] { self->close(CloseStyle::graceful); });
+  }
+
+  // Not on the strand: only before the connection's coroutines start.
+  void close_unstarted() { close(CloseStyle::reset); }
+
+ private:
+  struct Pending {
+    Request request;
+    Endpoint endpoint;
+  };
+  enum class Next { keep_alive, close };
+
+  // Completion handler for the connection's coroutines: a coroutine that
+  // ends by an exception takes the connection down with it rather than
+  // leaving its partner waiting forever.
+  static auto close_on_exception(const std::shared_ptr<Connection>& self) {
+    return asio::bind_executor(self->stream_.get_executor(), [self](std::exception_ptr failure) {
+      if (failure) self->close(CloseStyle::reset);
+    });
+  }
+
+  tcp::socket& socket() {
+    if constexpr (kTls) {
+      return stream_.next_layer();
+    } else {
+      return stream_;
+    }
+  }
+
+  static awaitable<void> run(std::shared_ptr<Connection> self) {
+    if constexpr (kTls) {
+      auto [error] = co_await self->stream_.async_handshake(ssl::stream_base::server, use_tuple);
+      if (error) {
+        self->close(CloseStyle::graceful);
+        co_return;
+      }
+    }
+    if (self->closed_) co_return;
+    asio::co_spawn(self->stream_.get_executor(), read_requests(self), close_on_exception(self));
+    co_await self->respond_loop();
+  }
+
+  static awaitable<void> read_requests(std::shared_ptr<Connection> self) {
+    co_await self->read_loop();
+  }
+
+  awaitable<void> read_loop() {
+    while (!closed_) {
+      http::request_parser<http::string_body> parser;
+      parser.header_limit(kMaxHeaderBytes);
+      parser.body_limit(kMaxBodyBytes);
+      const boost::system::error_code error = co_await read_request(parser);
+      if (closed_) co_return;
+      if (error) {
+        const bool malformed =
+            error.category() == http::make_error_code(http::error::bad_target).category() &&
+            error != http::error::end_of_stream && error != http::error::partial_message;
+        if (malformed) {
+          malformed_request_ = true;
+          request_ready_.cancel();
+        } else {
+          peer_gone();
+        }
+        co_return;
+      }
+      Pending pending{parser.release(), Endpoint::unknown};
+      pending.endpoint = classify(to_std(pending.request.target()));
+      if (!is_control(pending.endpoint)) {
+        state_.requests.fetch_add(1, std::memory_order_relaxed);
+        state_.record(pending.request);
+      }
+      pending_.push_back(std::move(pending));
+      request_ready_.cancel();
+    }
+  }
+
+  awaitable<boost::system::error_code> read_request(
+      http::request_parser<http::string_body>& parser) {
+    auto [head_error, head_bytes] =
+        co_await http::async_read_header(stream_, read_buffer_, parser, use_tuple);
+    if (head_error || parser.is_done()) co_return head_error;
+    // Clients such as curl hold a large body back until they see 100 Continue.
+    // Only an idle responder with nothing queued lets the reader write, so
+    // writes never overlap.
+    const auto expect = parser.get()[http::field::expect];
+    if (!responding_ && pending_.empty() && beast::iequals(expect, "100-continue")) {
+      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+      auto [write_error, written] =
+          co_await asio::async_write(stream_, asio::buffer(kContinue), use_tuple);
+      if (write_error) co_return write_error;
+    }
+    auto [body_error, body_bytes] =
+        co_await http::async_read(stream_, read_buffer_, parser, use_tuple);
+    co_return body_error;
+  }
+
+  awaitable<void> respond_loop() {
+    for (;;) {
+      while (pending_.empty() && !malformed_request_ && !closed_) {
+        request_ready_.expires_at(Clock::time_point::max());
+        co_await request_ready_.async_wait(use_tuple);
+      }
+      if (closed_) co_return;
+      if (pending_.empty()) {  // the reader hit a malformed request
+        const Reply reply = invalid_request("The request is not valid HTTP/1.1.");
+        co_await send_reply(reply, false);
+        close(CloseStyle::graceful);
+        co_return;
+      }
+      Pending pending = std::move(pending_.front());
+      pending_.pop_front();
+      responding_ = true;
+      const Next next = co_await respond(pending);
+      responding_ = false;
+      if (closed_) co_return;
+      if (next == Next::close) {
+        close(CloseStyle::graceful);
+        co_return;
+      }
+    }
+  }
+
+  awaitable<Next> respond(Pending& pending) {
+    const bool keep_alive = pending.request.keep_alive();
+    const std::optional<Reply> reply = reply_without_model(pending);
+    if (reply) {
+      const Next next = co_await send_reply(*reply, keep_alive);
+      co_return next;
+    }
+    const Next next = co_await respond_model_request(pending, keep_alive);
+    co_return next;
+  }
+
+  // Control endpoints, unknown URLs and wrong methods; nullopt for a model
+  // request.
+  std::optional<Reply> reply_without_model(const Pending& pending) {
+    const Request& request = pending.request;
+    const auto method = request.method();
+    switch (pending.endpoint) {
+      case Endpoint::mock_stats:
+        if (method == http::verb::get) return Reply{200, state_.stats_json()};
+        break;
+      case Endpoint::mock_behaviour:
+        if (method == http::verb::get) {
+          return Reply{200, behaviour_json(state_.behaviour_snapshot()).dump()};
+        }
+        if (method == http::verb::post) return update_behaviour(request.body());
+        break;
+      case Endpoint::unknown: {
+        std::string message = "Unknown request URL: ";
+        message += to_std(request.method_string());
+        message += ' ';
+        message += to_std(request.target());
+        message += '.';
+        return Reply{404, error_body(message, "invalid_request_error", {}, "unknown_url")};
+      }
+      case Endpoint::models:
+        if (method == http::verb::get) return std::nullopt;
+        break;
+      default:
+        if (method == http::verb::post) return std::nullopt;
+        break;
+    }
+    std::string message = "Method ";
+    message += to_std(request.method_string());
+    message += " is not allowed for ";
+    message += to_std(request.target());
+    message += '.';
+    return Reply{405, error_body(message, "invalid_request_error", {}, "method_not_allowed")};
+  }
+
+  Reply update_behaviour(const std::string& body) {
+    Json document = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (document.is_discarded()) return invalid_request("The behaviour body is not valid JSON.");
+    std::lock_guard lock(state_.behaviour_mutex);
+    Behaviour updated = state_.behaviour;
+    if (auto error = apply_behaviour_json(document, updated)) return invalid_request(*error);
+    state_.behaviour = std::move(updated);
+    return Reply{204, {}};
+  }
+
+  awaitable<Next> respond_model_request(Pending& pending, bool keep_alive) {
+    std::variant<Plan, Reply> planned;
+    try {
+      planned = make_plan(pending.endpoint, pending.request, state_);
+    } catch (const std::exception& error) {  // a body of unexpected shape
+      planned = invalid_request(std::string("Invalid request body: ") + error.what());
+    }
+    if (std::holds_alternative<Reply>(planned)) {
+      const Next next = co_await send_reply(std::get<Reply>(planned), keep_alive);
+      co_return next;
+    }
+    const Plan& plan = std::get<Plan>(planned);
+
+    const std::optional<Reply> failure = failure_reply(plan);
+    if (failure) {
+      const Next next = co_await send_reply(*failure, keep_alive);
+      co_return next;
+    }
+    if (plan.fail == FailMode::reset) {
+      close(CloseStyle::reset);
+      co_return Next::close;
+    }
+    if (plan.fail == FailMode::garbage) {
+      out_.assign("this is not http\r\n\r\n");
+      co_await send(out_);
+      co_return Next::close;
+    }
+    if (plan.fail == FailMode::stall) {
+      if (plan.stream) in_stream_ = true;  // a close while stalling cancels the stream
+      const bool still_open = co_await pause(plan.behaviour.stall);
+      if (!still_open) co_return Next::close;
+    }
+    if (plan.stream) {
+      const Next next = co_await respond_stream(plan, keep_alive);
+      co_return next;
+    }
+    const Next next = co_await respond_whole(plan, keep_alive);
+    co_return next;
+  }
+
+  awaitable<Next> respond_whole(const Plan& plan, bool keep_alive) {
+    const Next done = keep_alive ? Next::keep_alive : Next::close;
+    bool open = co_await pause(plan.ttft);
+    if (!open) co_return Next::close;
+
+    const std::string body = complete_body(plan);
+    out_.clear();
+    append_head(out_, 200, "application/json", body.size(), keep_alive);
+    const std::size_t head_size = out_.size();
+    out_ += body;
+    const std::string_view whole = out_;
+    const std::string_view head = whole.substr(0, head_size);
+    const std::string_view half = whole.substr(0, head_size + body.size() / 2);
+
+    switch (plan.fail) {
+      case FailMode::reset_mid:
+        open = co_await send(half);
+        if (open) close(CloseStyle::reset);
+        co_return Next::close;
+      case FailMode::truncate:
+        co_await send(half);
+        co_return Next::close;
+      case FailMode::stall_mid:
+        open = co_await send(head);
+        if (open) open = co_await pause(plan.behaviour.stall);
+        if (open) open = co_await send(whole.substr(head_size));
+        co_return open ? done : Next::close;
+      case FailMode::endless:
+        // A body that never arrives: the head, then nothing until the peer leaves.
+        open = co_await send(head);
+        if (open) co_await wait_until_closed();
+        co_return Next::close;
+      case FailMode::drip:
+        open = co_await drip(whole, plan.behaviour.interval);
+        co_return open ? done : Next::close;
+      default:
+        open = co_await send(whole);
+        co_return open ? done : Next::close;
+    }
+  }
+
+  awaitable<Next> respond_stream(const Plan& plan, bool keep_alive) {
+    in_stream_ = true;
+    const EventScript script(plan);
+    const FailMode fail = plan.fail;
+    const bool endless = fail == FailMode::endless;
+    const bool dripping = fail == FailMode::drip;
+    const Clock::duration interval =
+        endless ? std::max<Clock::duration>(plan.behaviour.interval, kEndlessMinInterval)
+                : Clock::duration(plan.behaviour.interval);
+    const Clock::duration byte_gap = dripping ? interval : Clock::duration::zero();
+    const std::size_t total = script.size();
+    std::size_t events_to_send = total;
+    if (fail == FailMode::reset_mid) events_to_send = std::max<std::size_t>(1, total / 2);
+    if (fail == FailMode::truncate) {
+      events_to_send = std::max<std::size_t>(1, std::min(kTruncateAfterEvents, total - 1));
+    }
+    const bool finishes = !endless && events_to_send == total;
+
+    bool open = co_await pause(plan.ttft);
+    if (!open) co_return Next::close;
+
+    // The head goes out with the first event, as one write.
+    out_.clear();
+    append_stream_head(out_, keep_alive);
+    event_.clear();
+    script.append_event(0, event_);
+    append_chunk(out_, event_);
+    if (finishes && total == 1) out_ += kLastChunk;
+    open = co_await send_event(out_, byte_gap, dripping);
+    if (open && fail == FailMode::stall_mid) open = co_await pause(plan.behaviour.stall);
+    if (!open) co_return Next::close;
+
+    for (std::size_t index = 1; endless || index < events_to_send; ++index) {
+      // Dripped bytes are already spaced by the interval.
+      if (!dripping) {
+        open = co_await pause(interval);
+        if (!open) co_return Next::close;
+      }
+      event_.clear();
+      if (endless) {
+        script.append_token_event(index, event_);
+      } else {
+        script.append_event(index, event_);
+      }
+      out_.clear();
+      append_chunk(out_, event_);
+      if (finishes && index + 1 == total) out_ += kLastChunk;
+      open = co_await send_event(out_, byte_gap, dripping);
+      if (!open) co_return Next::close;
+    }
+
+    in_stream_ = false;
+    if (fail == FailMode::reset_mid) {
+      close(CloseStyle::reset);
+      co_return Next::close;
+    }
+    if (fail == FailMode::truncate) co_return Next::close;
+    state_.streams_completed.fetch_add(1, std::memory_order_relaxed);
+    co_return keep_alive ? Next::keep_alive : Next::close;
+  }
+
+  awaitable<Next> send_reply(const Reply& reply, bool keep_alive) {
+    out_.clear();
+    append_head(out_, reply.status, reply.content_type, reply.body.size(), keep_alive,
+                reply.retry_after_s);
+    out_ += reply.body;
+    const bool open = co_await send(out_);
+    co_return open&& keep_alive ? Next::keep_alive : Next::close;
+  }
+
+  // Writes `bytes`. False once the connection is gone.
+  awaitable<bool> send(std::string_view bytes) {
+    if (closed_) co_return false;
+    auto [error, written] = co_await asio::async_write(stream_, asio::buffer(bytes), use_tuple);
+    if (error && !closed_) peer_gone();
+    co_return !closed_;
+  }
+
+  // Writes `bytes` one byte per write, `gap` apart: the worst case for a
+  // client's parser. False once the connection is gone.
+  awaitable<bool> drip(std::string_view bytes, Clock::duration gap) {
+    for (std::size_t i = 0; i < bytes.size(); ++i) {
+      if (i > 0) {
+        const bool open = co_await pause(gap);
+        if (!open) co_return false;
+      }
+      const bool open = co_await send(bytes.substr(i, 1));
+      if (!open) co_return false;
+    }
+    co_return !closed_;
+  }
+
+  awaitable<bool> send_event(std::string_view bytes, Clock::duration byte_gap, bool dripping) {
+    if (dripping) {
+      const bool open = co_await drip(bytes, byte_gap);
+      co_return open;
+    }
+    const bool open = co_await send(bytes);
+    co_return open;
+  }
+
+  // Sleeps unless the connection closes first. False once it is gone.
+  awaitable<bool> pause(Clock::duration duration) {
+    if (closed_) co_return false;
+    if (duration <= Clock::duration::zero()) co_return true;
+    sleep_timer_.expires_after(duration);
+    co_await sleep_timer_.async_wait(use_tuple);
+    co_return !closed_;
+  }
+
+  awaitable<void> wait_until_closed() {
+    while (!closed_) {
+      sleep_timer_.expires_at(Clock::time_point::max());
+      co_await sleep_timer_.async_wait(use_tuple);
+    }
+  }
+
+  void peer_gone() {
+    if (closed_) return;
+    if (in_stream_) {
+      in_stream_ = false;
+      state_.streams_cancelled.fetch_add(1, std::memory_order_relaxed);
+    }
+    close(CloseStyle::graceful);
+  }
+
+  void close(CloseStyle style) {
+    if (closed_) return;
+    closed_ = true;
+    in_stream_ = false;
+    state_.open_connections.fetch_sub(1, std::memory_order_relaxed);
+    sleep_timer_.cancel();
+    request_ready_.cancel();
+    boost::system::error_code ignored;
+    auto& raw = socket();
+    if (style == CloseStyle::reset) {
+      // Zero linger turns close() into an RST, which is what "reset" promises.
+      raw.set_option(asio::socket_base::linger(true, 0), ignored);
+    } else {
+      raw.shutdown(tcp::socket::shutdown_send, ignored);
+    }
+    raw.close(ignored);
+  }
+
+  SharedState& state_;
+  Registry& registry_;
+  const std::uint64_t id_;
+  Stream stream_;
+  asio::steady_timer sleep_timer_;
+  // Wakes the responder when the reader queues a request; never expires.
+  asio::steady_timer request_ready_;
+  beast::flat_buffer read_buffer_;
+  std::deque<Pending> pending_;
+  std::string out_;    // bytes of the write in progress
+  std::string event_;  // the SSE event being framed
+  bool closed_ = false;
+  bool in_stream_ = false;
+  bool malformed_request_ = false;
+  bool responding_ = false;  // the responder owns the write side
+};
+
+std::string bracket_if_ipv6(const std::string& host) {
+  return host.find(':') != std::string::npos ? "[" + host + "]" : host;
+}
+
+}  // namespace
+
+bool is_valid_fail_mode(std::string_view mode) { return parse_fail_mode(mode).has_value(); }
+
+std::optional<std::string> RecordedRequest::header(std::string_view name) const {
+  for (const auto& [key, value] : headers) {
+    if (iequals(key, name)) return value;
+  }
+  return std::nullopt;
+}
+
+// Members are declared so that the io_context is destroyed before what the
+// connections it may still own refer to (state, registry, TLS context).
+struct MockServer::Impl {
+  explicit Impl(Options opts) : options(std::move(opts)), io(std::max(1u, options.threads)) {
+    state.behaviour = options.behaviour;
+  }
+
+  awaitable<void> accept_loop() {
+    for (;;) {
+      tcp::socket socket(asio::make_strand(io));
+      auto [error] = co_await acceptor->async_accept(socket, use_tuple);
+      if (error) {
+        if (!acceptor->is_open() || error == asio::error::operation_aborted) co_return;
+        // Out of descriptors and similar: back off instead of spinning.
+        asio::steady_timer backoff(acceptor->get_executor(), std::chrono::milliseconds(10));
+        co_await backoff.async_wait(use_tuple);
+        continue;
+      }
+      boost::system::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      state.connections_accepted.fetch_add(1, std::memory_order_relaxed);
+      state.open_connections.fetch_add(1, std::memory_order_relaxed);
+      const std::uint64_t id = next_connection_id++;
+      if (tls) {
+        using TlsStream = ssl::stream<tcp::socket>;
+        start_connection(id, std::make_shared<Connection<TlsStream>>(
+                                 state, registry, id, TlsStream(std::move(socket), *tls)));
+      } else {
+        start_connection(
+            id, std::make_shared<Connection<tcp::socket>>(state, registry, id, std::move(socket)));
+      }
+    }
+  }
+
+  template <class ConnectionType>
+  void start_connection(std::uint64_t id, std::shared_ptr<ConnectionType> connection) {
+    if (!registry.add(id, connection)) {
+      connection->close_unstarted();
+      return;
+    }
+    ConnectionType::launch(std::move(connection));
+  }
+
+  Options options;
+  SharedState state;
+  Registry registry;
+  std::optional<ssl::context> tls;
+  asio::io_context io;
+  std::optional<tcp::acceptor> acceptor;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  std::vector<std::thread> threads;
+  std::uint64_t next_connection_id = 1;
+  std::uint16_t bound_port = 0;
+  std::mutex lifecycle_mutex;
+  bool started = false;
+  bool stopped = false;
+};
+
+MockServer::MockServer(Options options) : impl_(std::make_unique<Impl>(std::move(options))) {
+  if (!is_valid_fail_mode(impl_->options.behaviour.fail)) {
+    throw std::invalid_argument("unknown failure mode '" + impl_->options.behaviour.fail + "'");
+  }
+}
+
+MockServer::~MockServer() { stop(); }
+
+void MockServer::start() {
+  Impl& impl = *impl_;
+  std::lock_guard lock(impl.lifecycle_mutex);
+  if (impl.started) throw std::logic_error("MockServer::start called twice");
+
+  if (!impl.options.tls_cert_pem.empty() && !impl.options.tls_key_pem.empty()) {
+    impl.tls.emplace(ssl::context::tls_server);
+    impl.tls->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                          ssl::context::no_sslv3 | ssl::context::single_dh_use);
+    impl.tls->use_certificate_chain(
+        asio::buffer(impl.options.tls_cert_pem.data(), impl.options.tls_cert_pem.size()));
+    impl.tls->use_private_key(
+        asio::buffer(impl.options.tls_key_pem.data(), impl.options.tls_key_pem.size()),
+        ssl::context::pem);
+  }
+
+  tcp::resolver resolver(impl.io);
+  const auto endpoints = resolver.resolve(impl.options.host, std::to_string(impl.options.port),
+                                          tcp::resolver::passive | tcp::resolver::numeric_service);
+  if (endpoints.empty()) throw std::runtime_error("cannot resolve " + impl.options.host);
+  const tcp::endpoint endpoint = endpoints.begin()->endpoint();
+
+  impl.acceptor.emplace(asio::make_strand(impl.io));
+  impl.acceptor->open(endpoint.protocol());
+  impl.acceptor->set_option(asio::socket_base::reuse_address(true));
+  impl.acceptor->bind(endpoint);
+  impl.acceptor->listen(asio::socket_base::max_listen_connections);
+  impl.bound_port = impl.acceptor->local_endpoint().port();
+
+  impl.started = true;
+  asio::co_spawn(impl.acceptor->get_executor(), impl.accept_loop(), asio::detached);
+  impl.work.emplace(impl.io.get_executor());
+  const unsigned thread_count = std::max(1u, impl.options.threads);
+  impl.threads.reserve(thread_count);
+  for (unsigned i = 0; i < thread_count; ++i) {
+    impl.threads.emplace_back([&io = impl.io] {
+      // A handler that throws must not take the whole mock down.
+      for (;;) {
+        try {
+          io.run();
+          return;
+        } catch (const std::exception&) {
+        }
+      }
+    });
+  }
+}
+
+void MockServer::stop() {
+  Impl& impl = *impl_;
+  std::lock_guard lock(impl.lifecycle_mutex);
+  if (!impl.started || impl.stopped) return;
+  impl.stopped = true;
+  asio::post(impl.acceptor->get_executor(), [&impl] {
+    boost::system::error_code ignored;
+    impl.acceptor->close(ignored);
+  });
+  for (auto& connection : impl.registry.close_registry()) connection->close_for_shutdown();
+  // Every pending operation is now being cancelled; the threads return once
+  // the coroutines have unwound.
+  impl.work.reset();
+  for (auto& thread : impl.threads) thread.join();
+  impl.threads.clear();
+}
+
+std::uint16_t MockServer::port() const { return impl_->bound_port; }
+
+std::string MockServer::base_url() const {
+  std::string host = impl_->options.host;
+  // A wildcard address is not something a client can connect to.
+  if (host == "0.0.0.0" || host.empty()) host = "127.0.0.1";
+  if (host == "::") host = "::1";
+  return std::string(impl_->tls ? "https://" : "http://") + bracket_if_ipv6(host) + ":" +
+         std::to_string(port()) + "/v1";
+}
+
+Stats MockServer::stats() const { return impl_->state.stats(); }
+
+void MockServer::set_behaviour(Behaviour behaviour) {
+  if (!is_valid_fail_mode(behaviour.fail)) {
+    throw std::invalid_argument("unknown failure mode '" + behaviour.fail + "'");
+  }
+  std::lock_guard lock(impl_->state.behaviour_mutex);
+  impl_->state.behaviour = std::move(behaviour);
+}
+
+Behaviour MockServer::behaviour() const { return impl_->state.behaviour_snapshot(); }
+
+std::vector<RecordedRequest> MockServer::recent_requests() const {
+  std::lock_guard lock(impl_->state.recorded_mutex);
+  return {impl_->state.recorded.begin(), impl_->state.recorded.end()};
+}
+
+void MockServer::clear_recorded() {
+  std::lock_guard lock(impl_->state.recorded_mutex);
+  impl_->state.recorded.clear();
+}
+
+}  // namespace sluice::mock

@@ -1,0 +1,107 @@
+#pragma once
+
+// sluice-mock: an OpenAI-compatible upstream whose timing and failures are
+// scripted, so tests, the demo and the benchmarks can drive the gateway into
+// every situation a real provider produces (slow first token, stalls, resets,
+// rate limits) on demand and reproducibly.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace sluice::mock {
+
+// Defaults applied to every request. Each field can be overridden for a single
+// request by the header named next to it.
+struct Behaviour {
+  // x-mock-ttft-ms: delay before the response head and first event (for a
+  // non-streamed response: before the whole response).
+  std::chrono::milliseconds ttft{0};
+  // x-mock-ttft-per-token-us: extra delay per estimated prompt token
+  // (characters of all message contents / 4), to model prefill cost.
+  std::chrono::microseconds ttft_per_prompt_token{0};
+  // x-mock-interval-ms: gap between stream events.
+  std::chrono::milliseconds interval{0};
+  // x-mock-tokens: content tokens in the completion.
+  unsigned tokens = 8;
+  // x-mock-fail: "" | 400 | 500 | 503 | 429 | context | stall | stall-mid |
+  // reset | reset-mid | garbage | truncate | endless | drip
+  std::string fail;
+  // x-mock-stall-ms: how long "stall" and "stall-mid" sleep.
+  std::chrono::milliseconds stall{60000};
+  // x-mock-fail-rate: probability in [0, 1] that `fail` applies to a request.
+  double fail_rate = 1.0;
+  // x-mock-retry-after: Retry-After seconds sent with a 429.
+  unsigned retry_after_s = 1;
+  // x-mock-dims: embedding dimensions.
+  unsigned dims = 16;
+};
+
+// True for "" and every failure mode listed on Behaviour::fail.
+bool is_valid_fail_mode(std::string_view mode);
+
+struct Stats {
+  std::uint64_t connections_accepted = 0;  // TCP connections accepted since start
+  std::uint64_t open_connections = 0;
+  std::uint64_t requests = 0;  // requests fully read (every endpoint except /mock/*)
+  std::uint64_t streams_completed = 0;
+  std::uint64_t streams_cancelled = 0;  // the peer closed before the stream finished
+};
+
+struct RecordedRequest {
+  std::string method;
+  std::string target;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+
+  // First header with this name, compared case-insensitively.
+  std::optional<std::string> header(std::string_view name) const;
+};
+
+class MockServer {
+ public:
+  struct Options {
+    std::string host = "127.0.0.1";
+    std::uint16_t port = 0;  // 0 picks a free port; read it back with port()
+    unsigned threads = 1;
+    Behaviour behaviour;
+    // Both non-empty: serve HTTPS with this certificate chain and key.
+    std::string tls_cert_pem;
+    std::string tls_key_pem;
+  };
+
+  explicit MockServer(Options options);
+  ~MockServer();  // stops and joins
+
+  MockServer(const MockServer&) = delete;
+  MockServer& operator=(const MockServer&) = delete;
+
+  // Binds and listens (throws on failure), then serves on `threads`
+  // background threads. Call at most once.
+  void start();
+  // Idempotent. Closes the listener and every connection, joins the threads.
+  void stop();
+
+  std::uint16_t port() const;
+  // "http://HOST:PORT/v1" ("https" when serving TLS).
+  std::string base_url() const;
+  // Thread-safe snapshot.
+  Stats stats() const;
+  // Thread-safe; applies to requests read afterwards.
+  void set_behaviour(Behaviour behaviour);
+  Behaviour behaviour() const;
+  // The last 64 requests (not /mock/*), oldest first.
+  std::vector<RecordedRequest> recent_requests() const;
+  void clear_recorded();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sluice::mock
