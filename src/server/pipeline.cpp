@@ -160,9 +160,13 @@ struct ProxyInputs {
   std::string_view endpoint;
   std::string_view query;
   std::string forward_fields;
-  // The body is forwarded as [prefix, upstream model literal, suffix].
+  // The body is forwarded as [prefix, upstream model literal, suffix,
+  // addition, closing]; the last two are empty unless a field is added.
   std::string_view body_prefix;
   std::string_view body_suffix;
+  std::string_view body_addition;
+  std::string_view body_closing;
+  bool strip_usage_only_chunks = false;
 };
 
 using StartResult = Result<std::unique_ptr<upstream::Exchange>, upstream::UpstreamError>;
@@ -204,8 +208,11 @@ void launch(RequestContext& context, const ProxyInputs& inputs, AttemptTask& tas
   task.target = deployment.base_url.path_prefix;
   task.target.append(inputs.endpoint).append(inputs.query);
   task.fields = inputs.forward_fields + deployment_fields(deployment);
-  task.request = upstream::Request{
-      "POST", task.target, task.fields, {inputs.body_prefix, task.model_literal, inputs.body_suffix}};
+  task.request = upstream::Request{"POST",
+                                   task.target,
+                                   task.fields,
+                                   {inputs.body_prefix, task.model_literal, inputs.body_suffix,
+                                    inputs.body_addition, inputs.body_closing}};
   task.started_at = Clock::now();
   task.limits = upstream::Limits{deployment.timeouts.connect, deployment.timeouts.ttft,
                                  deployment.timeouts.idle,
@@ -368,7 +375,9 @@ net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
                 Clock::now());
     watch.watch(&winner->abort_handle);
     stream::Relay relay(context.client, context.relay_buffer, deployment.timeouts.idle);
-    auto outcome = co_await relay.run(exchange, sluice_fields(context), context.keep_alive);
+    auto outcome = co_await relay.run(exchange, sluice_fields(context), context.keep_alive,
+                                      {inputs.strip_usage_only_chunks});
+    if (outcome.usage) context.usage_tokens = outcome.usage->total_tokens;
     watch.unwatch(&winner->abort_handle);
     plan.finish(winner->attempt, outcome.complete,
                 std::chrono::duration_cast<router::Micros>(Clock::now() - winner->started_at),
@@ -489,6 +498,23 @@ net::awaitable<bool> Pipeline::handle(RequestContext& context) {
     respliced.insert(model_end, respliced.size() > model_end + 1 ? "," : "");
     inputs.body_prefix = std::string_view(respliced).substr(0, model_end);
     inputs.body_suffix = std::string_view(respliced).substr(model_end);
+  }
+
+  // A key with a token budget needs the real usage of every stream: ask the
+  // upstream for the usage chunk when the client did not, and keep that
+  // chunk from the client.
+  constexpr std::string_view kIncludeUsage = R"(,"stream_options":{"include_usage":true})";
+  bool wants_usage = context.key && context.key->limits.tpm > 0 && context.stream &&
+                     !inspected->has_stream_options &&
+                     (*endpoint == "/chat/completions" || *endpoint == "/completions");
+  if (wants_usage) {
+    auto closing = inputs.body_suffix.rfind('}');
+    if (closing != std::string_view::npos) {
+      inputs.body_closing = inputs.body_suffix.substr(closing);
+      inputs.body_suffix = inputs.body_suffix.substr(0, closing);
+      inputs.body_addition = kIncludeUsage;
+      inputs.strip_usage_only_chunks = true;
+    }
   }
 
   stream::ClientWatch watch(context.client, context.client_buffer);

@@ -6,6 +6,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <charconv>
+#include <span>
 
 #include "sluice/common/errors.hpp"
 #include "sluice/common/http_head.hpp"
@@ -21,7 +22,44 @@ std::string stream_error_event(std::string_view message, std::string_view code) 
   return "data: " + error.to_json() + "\n\n";
 }
 
+std::optional<Usage> usage_from_json_tail(std::string_view tail) {
+  auto key = tail.rfind("\"usage\"");
+  if (key == std::string_view::npos) return std::nullopt;
+  auto open = tail.find('{', key);
+  if (open == std::string_view::npos) return std::nullopt;
+  int depth = 0;
+  bool in_string = false;
+  for (std::size_t i = open; i < tail.size(); ++i) {
+    char c = tail[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '{') ++depth;
+    else if (c == '}' && --depth == 0) {
+      std::string wrapped = "{\"usage\":";
+      wrapped.append(tail.substr(open, i + 1 - open)).append("}");
+      return usage_from_json_body(wrapped);
+    }
+  }
+  return std::nullopt;
+}
+
 namespace {
+
+// Enough of a JSON body's end to hold its usage object.
+constexpr std::size_t kUsageTailBytes = 2048;
+
+void keep_tail(std::string& tail, std::string_view piece) {
+  if (piece.size() >= kUsageTailBytes) {
+    tail.assign(piece.substr(piece.size() - kUsageTailBytes));
+    return;
+  }
+  tail.append(piece);
+  if (tail.size() > kUsageTailBytes) tail.erase(0, tail.size() - kUsageTailBytes);
+}
 
 struct ChunkSize {
   char text[20];
@@ -41,7 +79,8 @@ constexpr std::string_view kLastChunk = "0\r\n\r\n";
 }  // namespace
 
 net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange,
-                                        std::string_view head_fields, bool keep_alive) {
+                                        std::string_view head_fields, bool keep_alive,
+                                        RelayOptions options) {
   RelayOutcome outcome;
   const bool event_stream = exchange.is_event_stream();
   const auto content_length = exchange.content_length();
@@ -65,21 +104,25 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange,
   head.finish();
 
   bool head_pending = true;
-  auto write = [&](std::string_view data, bool last) -> net::awaitable<bool> {
-    std::array<net::const_buffer, 5> wire;
-    std::size_t count = 0;
-    if (head_pending) wire[count++] = net::buffer(head_);
-    ChunkSize size(data.size());
-    if (!data.empty()) {
-      if (chunked) wire[count++] = size.buffer();
-      wire[count++] = net::buffer(data);
-      if (chunked) wire[count++] = net::buffer(kCrlf);
+  // Writes the pending head (once), then `spans` as one HTTP chunk (or as
+  // raw bytes for a Content-Length body), then the last chunk if `last`.
+  auto write = [&](std::span<const std::string_view> spans, bool last) -> net::awaitable<bool> {
+    wire_.clear();
+    if (head_pending) wire_.push_back(net::buffer(head_));
+    std::size_t size = 0;
+    for (auto span : spans) size += span.size();
+    ChunkSize chunk_size(size);
+    if (size > 0) {
+      if (chunked) wire_.push_back(chunk_size.buffer());
+      for (auto span : spans) {
+        if (!span.empty()) wire_.push_back(net::buffer(span));
+      }
+      if (chunked) wire_.push_back(net::buffer(kCrlf));
     }
-    if (last && chunked) wire[count++] = net::buffer(kLastChunk);
-    if (count == 0) co_return true;
+    if (last && chunked) wire_.push_back(net::buffer(kLastChunk));
+    if (wire_.empty()) co_return true;
     client_.expires_after(write_timeout_);
-    auto [ec, n] = co_await net::async_write(
-        client_, std::span<const net::const_buffer>(wire.data(), count), as_tuple(use_awaitable));
+    auto [ec, n] = co_await net::async_write(client_, wire_, as_tuple(use_awaitable));
     if (head_pending) outcome.first_write = Clock::now();
     head_pending = false;
     outcome.nothing_sent = false;
@@ -87,30 +130,70 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange,
     if (ec) outcome.client_failed = true;
     co_return !ec;
   };
+  auto write_one = [&](std::string_view data, bool last) -> net::awaitable<bool> {
+    co_return co_await write(std::span<const std::string_view>(&data, data.empty() ? 0 : 1), last);
+  };
+
+  // Streams are scanned beside the relay (usage, stripping); a JSON body
+  // keeps only its tail for the usage object.
+  std::optional<SseScanner> scanner;
+  if (event_stream) {
+    scanner.emplace();
+    scanner->set_strip_usage_only_chunks(options.strip_usage_only_chunks);
+  }
+  std::string tail;
 
   for (;;) {
     auto read = co_await exchange.read_body(buffer_.data(), buffer_.size());
     if (!read) {
       outcome.upstream_error = read.error();
+      if (scanner) {
+        outcome.usage = scanner->usage();
+        outcome.events = scanner->events();
+      }
       if (outcome.nothing_sent && read.error().failure != upstream::Failure::aborted) {
         // Nothing reached the client: the caller may still fail over.
         co_return outcome;
       }
       if (event_stream && !outcome.client_failed &&
           read.error().failure != upstream::Failure::aborted) {
-        std::string event = stream_error_event(
+        // A partial event already sent is ended first, so the error event
+        // stands on its own.
+        std::string event = scanner->at_event_boundary() ? "" : "\n\n";
+        event += stream_error_event(
             "The upstream stream was interrupted: " + read.error().describe(),
             read.error().is_timeout() ? "upstream_timeout" : "stream_interrupted");
-        co_await write(event, true);
+        co_await write_one(event, true);
       }
       co_return outcome;
     }
     std::size_t n = read.value();
     if (n == 0) {
-      outcome.complete = co_await write({}, true);
+      if (scanner) {
+        spans_.clear();
+        scanner->finish(spans_);
+        outcome.usage = scanner->usage();
+        outcome.events = scanner->events();
+        outcome.complete = co_await write(spans_, true);
+      } else {
+        outcome.usage = usage_from_json_tail(tail);
+        outcome.complete = co_await write_one({}, true);
+      }
       co_return outcome;
     }
-    if (!co_await write(std::string_view(buffer_.data(), n), false)) co_return outcome;
+    std::string_view piece(buffer_.data(), n);
+    bool written;
+    if (scanner) {
+      spans_.clear();
+      scanner->feed(piece, spans_);
+      // A piece that only completed a stripped event leaves nothing to write.
+      written = true;
+      if (!spans_.empty()) written = co_await write(spans_, false);
+    } else {
+      keep_tail(tail, piece);
+      written = co_await write_one(piece, false);
+    }
+    if (!written) co_return outcome;
   }
 }
 

@@ -205,9 +205,9 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
       .field("Content-Length", body_size)
       .raw_fields(request.extra_fields)
       .finish();
-  std::array<net::const_buffer, 4> wire = {
-      net::buffer(exchange->head_text_), net::buffer(request.body[0]),
-      net::buffer(request.body[1]), net::buffer(request.body[2])};
+  std::array<net::const_buffer, 6> wire = {
+      net::buffer(exchange->head_text_), net::buffer(request.body[0]), net::buffer(request.body[1]),
+      net::buffer(request.body[2]),      net::buffer(request.body[3]), net::buffer(request.body[4])};
 
   // The second round only happens when a pooled connection was dead.
   for (int round = 0; round < 2; ++round) {

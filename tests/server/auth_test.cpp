@@ -127,27 +127,75 @@ TEST_F(Auth, RpmLimitGives429AfterExactlyRpmRequestsWithHeaders) {
   // Another key has its own budget.
 }
 
+TEST_F(Auth, TpmReservationIsSettledWithTheReportedUsage) {
+  TestGateway gateway(config_with_keys(
+      upstream_->base_url(),
+      std::string("    - name: team-a\n      key: ") + kTeamKey + "\n      tpm: 2000\n"));
+  // Each request reserves about 1,500 tokens up front (its max_tokens). Kept
+  // at the estimate, the third would be refused; settled with the ~20 tokens
+  // the mock reports, all of them pass.
+  for (bool stream : {false, true}) {
+    for (int i = 0; i < 4; ++i) {
+      auto response = http_request(gateway.port(), "POST", "/v1/chat/completions",
+                                   chat_body("chat-fast", stream, "\"max_tokens\":1500"),
+                                   bearer(kTeamKey));
+      ASSERT_EQ(response.status, 200u) << (stream ? "stream " : "json ") << i << response.body;
+      EXPECT_EQ(response.header("x-ratelimit-limit-tokens"), "2000");
+    }
+  }
+  auto remaining = http_request(gateway.port(), "POST", "/v1/chat/completions",
+                                chat_body("chat-fast", false, "\"max_tokens\":10"),
+                                bearer(kTeamKey));
+  EXPECT_GT(std::stoul(remaining.header("x-ratelimit-remaining-tokens")), 1500u);
+}
+
 TEST_F(Auth, TpmLimitRefusesOnceTheBudgetIsSpent) {
   TestGateway gateway(config_with_keys(
       upstream_->base_url(),
-      std::string("    - name: team-a\n      key: ") + kTeamKey + "\n      tpm: 1000\n"));
-  // Each request reserves its estimate: 600 tokens of max_tokens.
-  auto ask = [&] {
-    return http_request(gateway.port(), "POST", "/v1/chat/completions",
-                        chat_body("chat-fast", false, "\"max_tokens\":600"), bearer(kTeamKey));
-  };
-  auto first = ask();
-  ASSERT_EQ(first.status, 200u);
-  EXPECT_EQ(first.header("x-ratelimit-limit-tokens"), "1000");
-  // The mock reports far fewer tokens than reserved: the estimate is settled
-  // down to the real usage, so the budget is not spent yet.
-  EXPECT_EQ(ask().status, 200u);
-  int refused_after = 0;
-  for (int i = 0; i < 20; ++i) {
-    if (ask().status == 429) break;
-    ++refused_after;
+      std::string("    - name: team-a\n      key: ") + kTeamKey + "\n      tpm: 30\n"));
+  // The mock reports ~20 tokens per answer: the second spends the budget.
+  int allowed = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto response = http_request(gateway.port(), "POST", "/v1/chat/completions",
+                                 chat_body("chat-fast", false, "\"max_tokens\":1"),
+                                 bearer(kTeamKey));
+    if (response.status == 429u) {
+      EXPECT_EQ(json::parse(response.body)["error"]["code"], "rate_limit_exceeded");
+      break;
+    }
+    ASSERT_EQ(response.status, 200u);
+    ++allowed;
   }
-  EXPECT_LT(refused_after, 20);
+  EXPECT_GE(allowed, 1);
+  EXPECT_LE(allowed, 3);
+}
+
+TEST_F(Auth, UsageChunkIsRequestedUpstreamAndHiddenFromTheClient) {
+  TestGateway gateway(config_with_keys(
+      upstream_->base_url(),
+      std::string("    - name: team-a\n      key: ") + kTeamKey + "\n      tpm: 100000\n"));
+  auto response = http_request(gateway.port(), "POST", "/v1/chat/completions",
+                               chat_body("chat-fast", true), bearer(kTeamKey));
+  ASSERT_EQ(response.status, 200u);
+  auto sent = json::parse(upstream_->recent_requests().back().body);
+  EXPECT_EQ(sent["stream_options"]["include_usage"], true);
+  auto events = sse_data(response.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  for (const auto& event : events) {
+    EXPECT_EQ(event.find("\"usage\":{"), std::string::npos) << event;
+  }
+
+  // A client that asks for usage itself gets it.
+  auto asked = http_request(
+      gateway.port(), "POST", "/v1/chat/completions",
+      chat_body("chat-fast", true, "\"stream_options\":{\"include_usage\":true}"),
+      bearer(kTeamKey));
+  bool saw_usage = false;
+  for (const auto& event : sse_data(asked.body)) {
+    saw_usage = saw_usage || event.find("\"usage\":{") != std::string::npos;
+  }
+  EXPECT_TRUE(saw_usage);
 }
 
 TEST_F(Auth, MaxParallelCountsStreamsUntilTheyEnd) {

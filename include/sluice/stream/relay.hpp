@@ -1,6 +1,7 @@
 #pragma once
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <chrono>
 #include <optional>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "sluice/common/clock.hpp"
+#include "sluice/stream/sse_scanner.hpp"
 #include "sluice/upstream/client.hpp"
 
 namespace sluice::stream {
@@ -22,6 +24,16 @@ struct RelayOutcome {
   std::optional<upstream::UpstreamError> upstream_error;
   std::uint64_t bytes_out = 0;
   TimePoint first_write{};
+  // Token usage the upstream reported (the final chunk of a stream, the
+  // `usage` object of a JSON body).
+  std::optional<Usage> usage;
+  std::size_t events = 0;  // SSE events relayed
+};
+
+struct RelayOptions {
+  // The gateway asked the upstream for a usage chunk the client did not ask
+  // for: keep it from the client.
+  bool strip_usage_only_chunks = false;
 };
 
 // Relays an upstream response to the client as it is read: each read is
@@ -39,14 +51,23 @@ class Relay {
   // `head_fields` are preformatted "Name: value\r\n" lines added to the
   // upstream's own headers.
   boost::asio::awaitable<RelayOutcome> run(upstream::Exchange& exchange,
-                                           std::string_view head_fields, bool keep_alive);
+                                           std::string_view head_fields, bool keep_alive,
+                                           RelayOptions options = {});
 
  private:
   boost::beast::tcp_stream& client_;
   std::vector<char>& buffer_;
   std::chrono::milliseconds write_timeout_;
   std::string head_;
+  // Reused for every write, so a stream allocates nothing per chunk.
+  std::vector<std::string_view> spans_;
+  std::vector<boost::asio::const_buffer> wire_;
 };
+
+// The usage object near the end of a JSON body, from its last bytes only
+// (OpenAI puts `usage` after `choices`/`data`), so a large body need not be
+// kept whole.
+std::optional<Usage> usage_from_json_tail(std::string_view tail);
 
 // The SSE event sent when a stream breaks after its first byte.
 std::string stream_error_event(std::string_view message, std::string_view code);

@@ -49,13 +49,13 @@ struct UpstreamError {
 
 const char* to_string(Failure failure);
 
-// What to send. The body is given in up to three pieces that are written as
-// one gather write, so a body with one field replaced needs no copy.
+// What to send. The body is given in up to five pieces that are written as
+// one gather write, so a body with a field replaced or added needs no copy.
 struct Request {
   std::string_view method = "POST";
   std::string_view target;        // path and query, with the deployment's prefix
   std::string_view extra_fields;  // preformatted "Name: value\r\n" lines
-  std::array<std::string_view, 3> body{};
+  std::array<std::string_view, 5> body{};
 };
 
 struct Limits {

@@ -1,0 +1,193 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sluice::stream {
+
+// Token counts of one request. Responses API counts (`input_tokens`,
+// `output_tokens`) are reported as prompt and completion tokens.
+struct Usage {
+  std::uint64_t prompt_tokens = 0;
+  std::uint64_t completion_tokens = 0;
+  std::uint64_t total_tokens = 0;
+
+  friend bool operator==(const Usage&, const Usage&) = default;
+};
+
+namespace detail {
+
+// Reads the start of a `data:` payload as it arrives and tells, as early as
+// the bytes allow, that the event cannot be a usage-only chunk: the payload is
+// not an object, or its top-level "choices" is anything but an empty array.
+// It errs towards "cannot tell yet", which only delays bytes and never drops
+// a wrong event.
+class UsageOnlyProbe {
+ public:
+  void reset() { *this = UsageOnlyProbe{}; }
+  // Consumes the next payload bytes; returns true once ruled out.
+  bool rules_out(std::string_view bytes);
+
+ private:
+  enum class Stage : std::uint8_t {
+    before_object,
+    in_object,
+    choices_value,       // after `"choices":`
+    choices_first_item,  // after `"choices":[`
+    after_object,
+    ruled_out,
+  };
+  Stage stage_ = Stage::before_object;
+  std::uint32_t depth_ = 0;
+  bool in_string_ = false;
+  bool escaped_ = false;
+  bool expect_key_ = false;
+  bool reading_key_ = false;
+  bool key_is_choices_ = false;
+  std::uint8_t key_matched_ = 0;  // leading bytes of the key that match "choices"
+  bool key_mismatch_ = false;
+};
+
+}  // namespace detail
+
+// Watches an OpenAI-style server-sent event stream as the relay forwards it,
+// piece by piece, with split points anywhere (mid-line, between '\r' and
+// '\n'). It never rebuilds the stream: `feed` answers with spans of the piece
+// itself, and only bytes that must wait for the end of their event are copied
+// aside.
+//
+// What it finds: the last usage object (chat and completions chunks, a
+// Responses API `response.completed`, or any `usage` object nested a few
+// levels deep), whether an error event went by (`event: error`, or a payload
+// with a non-null top-level "error" or "type":"error"), whether `data: [DONE]`
+// arrived, and the number of events. Only payloads that contain `"usage":{`
+// or `"error"` are parsed as JSON; ordinary token chunks are scanned, not parsed.
+//
+// Stripping: with set_strip_usage_only_chunks(true), a `data:` event whose
+// top-level "choices" is an empty array and whose top-level "usage" is an
+// object is recorded and not passed on (the gateway asked the upstream for
+// usage the client did not ask for). Bytes of an event that may still turn
+// out to be such a chunk wait in a carry until its end; an event is released
+// as soon as its payload shows otherwise (e.g. at `"choices":[{`), so token
+// chunks are never delayed past their own piece. Without stripping nothing
+// is ever held back and `feed` answers with exactly `{piece}`.
+//
+// Carry cap: an event that has to be carried across pieces is inspected only
+// while its carried bytes stay within `max_carry`. Past that it is still
+// counted but not inspected or stripped, its held bytes are released, and it
+// passes through untouched; inspection resumes with the next event. An event
+// contained in one piece is always inspected, whatever its size.
+//
+// An event left incomplete at the end of the stream is not dispatched (as SSE
+// clients discard it too); finish() returns its held bytes, if any.
+//
+// Memory: the carry buffers are reserved on first use and reused, so a long
+// stream costs no allocation per piece once they have grown to its event
+// size. One scanner per stream; not thread-safe.
+class SseScanner {
+ public:
+  static constexpr std::size_t kDefaultMaxCarry = std::size_t{1} << 20;
+
+  explicit SseScanner(std::size_t max_carry = kDefaultMaxCarry) : max_carry_(max_carry) {}
+
+  // Set before the first feed; a change applies from the next event on.
+  void set_strip_usage_only_chunks(bool on) { strip_ = on; }
+
+  // Scans `piece` and appends to `out` the spans to write to the client, in
+  // order. They point into `piece` or into the scanner, and stay valid until
+  // the next call to feed() or finish().
+  void feed(std::string_view piece, std::vector<std::string_view>& out);
+
+  // Ends the stream: appends any bytes still held back (a truncated last
+  // event) to `out`, valid until the scanner is destroyed or fed again. When
+  // the upstream broke off, a caller that is about to write an error event of
+  // its own may skip this instead: held bytes are an unfinished event that
+  // would run into the error event's first line.
+  void finish(std::vector<std::string_view>& out);
+
+  std::optional<Usage> usage() const { return usage_; }
+  bool saw_error() const { return saw_error_; }
+  bool saw_done() const { return saw_done_; }
+  // Dispatched events (those with at least one `data:` line), including
+  // stripped ones; comments and blank lines are not events.
+  std::size_t events() const { return events_; }
+  std::size_t stripped_events() const { return stripped_events_; }
+  // True between events: no byte of a next event (or comment block) seen yet.
+  bool at_event_boundary() const { return !in_block_; }
+
+ private:
+  enum class LineState : std::uint8_t { start, name, space, value, skip };
+  enum class Field : std::uint8_t { data, event, other };
+  static constexpr std::size_t kNameCapacity = 8;
+  static constexpr std::size_t kNoRun = static_cast<std::size_t>(-1);
+
+  void begin_block(std::size_t position);
+  void start_field();
+  void end_line(std::size_t position);
+  void take_value(std::string_view bytes, bool line_complete);
+  void take_data(std::string_view bytes, bool line_complete);
+  void start_data_line();
+  void move_data_to_buffer();
+  void append_data(std::string_view bytes);
+  void give_up_on_event();
+  void release_held();
+  void drop_held(std::size_t end, bool ended_with_cr);
+  void dispatch(std::size_t end, bool ended_with_cr);
+  bool inspect(std::string_view payload, bool want_usage_only);
+  void end_of_piece();
+  void reset_block();
+
+  std::size_t max_carry_;
+  bool strip_ = false;
+
+  std::optional<Usage> usage_;
+  bool saw_error_ = false;
+  bool saw_done_ = false;
+  std::size_t events_ = 0;
+  std::size_t stripped_events_ = 0;
+
+  // Line tokenizer, carried across pieces.
+  LineState line_state_ = LineState::start;
+  Field field_ = Field::other;
+  bool after_cr_ = false;         // a '\n' right after belongs to the same line end
+  bool swallow_lf_ = false;       // ...and to a dropped event, so it is dropped too
+  bool value_continued_ = false;  // the current value began in an earlier piece
+  char name_[kNameCapacity] = {};
+  std::size_t name_length_ = 0;
+  char event_type_[kNameCapacity] = {};
+  std::size_t event_type_length_ = 0;
+
+  // The pending event (a block of lines up to a blank line).
+  bool in_block_ = false;
+  bool event_is_error_ = false;
+  bool overflowed_ = false;  // past the carry cap: no longer inspected
+  std::size_t data_lines_ = 0;
+  // The data is either one value inside the current piece (no copy) or, once
+  // it spans lines or pieces, joined in data_.
+  std::string_view data_view_;
+  bool data_in_buffer_ = false;
+  std::string data_;
+
+  // Hold-back for stripping. Two buffers alternate so that held bytes handed
+  // out by one call stay valid while the next event is being held.
+  bool holding_ = false;
+  detail::UsageOnlyProbe probe_;
+  std::string held_[2];
+  int held_index_ = 0;
+
+  // Valid during one feed()/finish() call.
+  std::string_view piece_;
+  std::vector<std::string_view>* out_ = nullptr;
+  std::size_t run_start_ = 0;   // start of the piece bytes being passed on
+  std::size_t hold_start_ = 0;  // where the held event begins in the piece
+};
+
+// The usage object of a complete, non-streaming JSON response body (chat,
+// completions, embeddings, responses), or nullopt when there is none.
+std::optional<Usage> usage_from_json_body(std::string_view body);
+
+}  // namespace sluice::stream

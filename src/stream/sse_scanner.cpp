@@ -1,0 +1,487 @@
+#include "sluice/stream/sse_scanner.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+namespace sluice::stream {
+
+namespace {
+
+using nlohmann::json;
+
+// First reservation of a carry buffer; it grows from there as events demand.
+constexpr std::size_t kInitialCarry = 4096;
+// How deep a nested "usage" object is looked for (covers `response.usage` of
+// the Responses API and provider extensions such as `x_groq.usage`).
+constexpr int kUsageSearchDepth = 3;
+
+bool is_json_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool is_line_end(char c) { return c == '\n' || c == '\r'; }
+
+std::string_view trim_json_space(std::string_view text) {
+  while (!text.empty() && is_json_space(text.front())) text.remove_prefix(1);
+  while (!text.empty() && is_json_space(text.back())) text.remove_suffix(1);
+  return text;
+}
+
+std::size_t find_line_end(std::string_view text, std::size_t from) {
+  for (std::size_t i = from; i < text.size(); ++i) {
+    if (is_line_end(text[i])) return i;
+  }
+  return text.size();
+}
+
+// Whether `quoted_key` occurs followed by a colon and an object. A quoted key
+// cannot occur inside a JSON string (its quotes would be escaped), so a hit is
+// a real key somewhere in the document, or invalid JSON that fails to parse.
+bool has_object_valued_key(std::string_view text, std::string_view quoted_key) {
+  for (auto at = text.find(quoted_key); at != std::string_view::npos;
+       at = text.find(quoted_key, at + 1)) {
+    std::size_t i = at + quoted_key.size();
+    while (i < text.size() && is_json_space(text[i])) ++i;
+    if (i == text.size() || text[i] != ':') continue;
+    ++i;
+    while (i < text.size() && is_json_space(text[i])) ++i;
+    if (i < text.size() && text[i] == '{') return true;
+  }
+  return false;
+}
+
+std::optional<std::uint64_t> token_count(const json& usage, const char* name) {
+  auto it = usage.find(name);
+  if (it == usage.end() || !it->is_number_unsigned()) return std::nullopt;
+  return it->get<std::uint64_t>();
+}
+
+std::optional<Usage> usage_fields(const json& usage) {
+  if (!usage.is_object()) return std::nullopt;
+  auto prompt = token_count(usage, "prompt_tokens");
+  if (!prompt) prompt = token_count(usage, "input_tokens");
+  auto completion = token_count(usage, "completion_tokens");
+  if (!completion) completion = token_count(usage, "output_tokens");
+  auto total = token_count(usage, "total_tokens");
+  if (!prompt && !completion && !total) return std::nullopt;
+  Usage result;
+  result.prompt_tokens = prompt.value_or(0);
+  result.completion_tokens = completion.value_or(0);
+  result.total_tokens = total.value_or(result.prompt_tokens + result.completion_tokens);
+  return result;
+}
+
+// A "usage" of the object itself wins over nested ones.
+std::optional<Usage> find_usage(const json& value, int depth) {
+  if (value.is_object()) {
+    if (auto it = value.find("usage"); it != value.end()) {
+      if (auto found = usage_fields(*it)) return found;
+    }
+  }
+  if (depth == 0) return std::nullopt;
+  for (const auto& child : value) {
+    if (!child.is_structured()) continue;
+    if (auto found = find_usage(child, depth - 1)) return found;
+  }
+  return std::nullopt;
+}
+
+bool is_error_payload(const json& doc) {
+  if (auto it = doc.find("error"); it != doc.end() && !it->is_null()) return true;
+  auto type = doc.find("type");
+  return type != doc.end() && type->is_string() && type->get_ref<const std::string&>() == "error";
+}
+
+bool is_usage_only_chunk(const json& doc) {
+  auto choices = doc.find("choices");
+  auto usage = doc.find("usage");
+  return choices != doc.end() && choices->is_array() && choices->empty() && usage != doc.end() &&
+         usage->is_object();
+}
+
+void reserve_once(std::string& buffer) {
+  if (buffer.capacity() < kInitialCarry) buffer.reserve(kInitialCarry);
+}
+
+}  // namespace
+
+namespace detail {
+
+bool UsageOnlyProbe::rules_out(std::string_view bytes) {
+  static constexpr std::string_view kChoices = "choices";
+  for (const char c : bytes) {
+    if (stage_ == Stage::ruled_out) return true;
+    if (in_string_) {
+      if (escaped_) {
+        escaped_ = false;
+      } else if (c == '\\') {
+        escaped_ = true;
+        key_mismatch_ = true;  // an escaped key is left to the full parse
+      } else if (c == '"') {
+        in_string_ = false;
+        if (reading_key_) {
+          reading_key_ = false;
+          key_is_choices_ = !key_mismatch_ && key_matched_ == kChoices.size();
+        }
+      } else if (reading_key_ && !key_mismatch_) {
+        if (key_matched_ < kChoices.size() && c == kChoices[key_matched_]) {
+          ++key_matched_;
+        } else {
+          key_mismatch_ = true;
+        }
+      }
+      continue;
+    }
+    if (is_json_space(c)) continue;
+    switch (stage_) {
+      case Stage::before_object:
+        if (c == '{') {
+          stage_ = Stage::in_object;
+          depth_ = 1;
+          expect_key_ = true;
+        } else if (static_cast<unsigned char>(c) < 0x80) {
+          // A byte-order mark (non-ASCII) may still precede the object.
+          stage_ = Stage::ruled_out;
+        }
+        break;
+      case Stage::choices_value:
+        if (c == '[') {
+          stage_ = Stage::choices_first_item;
+          ++depth_;
+        } else {
+          stage_ = Stage::ruled_out;
+        }
+        break;
+      case Stage::choices_first_item:
+        if (c == ']') {
+          stage_ = Stage::in_object;
+          --depth_;
+        } else {
+          stage_ = Stage::ruled_out;
+        }
+        break;
+      case Stage::after_object:
+        // Trailing bytes make the payload invalid JSON, which is never stripped.
+        stage_ = Stage::ruled_out;
+        break;
+      case Stage::in_object:
+        if (c == '"') {
+          in_string_ = true;
+          if (depth_ == 1 && expect_key_) {
+            reading_key_ = true;
+            expect_key_ = false;
+            key_matched_ = 0;
+            key_mismatch_ = false;
+          }
+        } else if (c == '{' || c == '[') {
+          ++depth_;
+        } else if (c == '}' || c == ']') {
+          if (--depth_ == 0) stage_ = Stage::after_object;
+        } else if (c == ',' && depth_ == 1) {
+          expect_key_ = true;
+          key_is_choices_ = false;
+        } else if (c == ':' && depth_ == 1 && key_is_choices_) {
+          key_is_choices_ = false;
+          stage_ = Stage::choices_value;
+        }
+        break;
+      case Stage::ruled_out:
+        break;
+    }
+  }
+  return stage_ == Stage::ruled_out;
+}
+
+}  // namespace detail
+
+void SseScanner::feed(std::string_view piece, std::vector<std::string_view>& out) {
+  piece_ = piece;
+  out_ = &out;
+  // An event held over from the previous piece comes first; the piece bytes
+  // are passed on only once it is decided.
+  run_start_ = holding_ ? kNoRun : 0;
+  hold_start_ = 0;
+  value_continued_ = line_state_ == LineState::value;
+
+  std::size_t i = 0;
+  const std::size_t size = piece.size();
+  while (i < size) {
+    const char c = piece[i];
+    if (after_cr_) {
+      after_cr_ = false;
+      if (c == '\n') {
+        if (swallow_lf_) run_start_ = i + 1;
+        swallow_lf_ = false;
+        ++i;
+        continue;
+      }
+    }
+    swallow_lf_ = false;
+    if (!in_block_) begin_block(i);
+    switch (line_state_) {
+      case LineState::start:
+        if (is_line_end(c)) {
+          end_line(i);
+          ++i;
+        } else if (c == ':') {
+          line_state_ = LineState::skip;  // a comment
+          ++i;
+        } else {
+          name_length_ = 0;
+          line_state_ = LineState::name;
+        }
+        break;
+      case LineState::name:
+        if (is_line_end(c)) {
+          end_line(i);
+        } else if (c == ':') {
+          start_field();
+          line_state_ = LineState::space;
+        } else {
+          if (name_length_ < kNameCapacity) name_[name_length_] = c;
+          ++name_length_;
+        }
+        ++i;
+        break;
+      case LineState::space:
+        // One space after the colon is not part of the value.
+        line_state_ = LineState::value;
+        value_continued_ = false;
+        if (c == ' ') ++i;
+        break;
+      case LineState::value:
+      case LineState::skip: {
+        const std::size_t end = find_line_end(piece, i);
+        if (line_state_ == LineState::value) take_value(piece.substr(i, end - i), end < size);
+        if (end == size) {
+          i = size;
+        } else {
+          end_line(end);
+          i = end + 1;
+        }
+        break;
+      }
+    }
+  }
+  end_of_piece();
+}
+
+void SseScanner::finish(std::vector<std::string_view>& out) {
+  piece_ = {};
+  out_ = &out;
+  if (holding_) {
+    run_start_ = kNoRun;
+    release_held();
+  }
+  // The incomplete trailing event is dropped unread, as SSE clients drop it.
+  reset_block();
+  line_state_ = LineState::start;
+  after_cr_ = false;
+  swallow_lf_ = false;
+  out_ = nullptr;
+}
+
+void SseScanner::begin_block(std::size_t position) {
+  in_block_ = true;
+  if (strip_) {
+    holding_ = true;
+    hold_start_ = position;
+    probe_.reset();
+  }
+}
+
+void SseScanner::start_field() {
+  const std::string_view name(name_, std::min(name_length_, kNameCapacity));
+  if (name_length_ == 4 && name == "data") {
+    field_ = Field::data;
+    start_data_line();
+  } else if (name_length_ == 5 && name == "event") {
+    field_ = Field::event;
+    event_type_length_ = 0;
+  } else {
+    field_ = Field::other;
+  }
+}
+
+void SseScanner::end_line(std::size_t position) {
+  const char terminator = piece_[position];
+  after_cr_ = terminator == '\r';
+  switch (line_state_) {
+    case LineState::start:
+      dispatch(position + 1, after_cr_);
+      break;
+    case LineState::name:
+      // A field name without a colon has an empty value.
+      start_field();
+      value_continued_ = false;
+      take_value({}, true);
+      [[fallthrough]];
+    case LineState::space:
+    case LineState::value:
+      if (field_ == Field::event) {
+        // The last `event:` line names the event.
+        event_is_error_ = event_type_length_ == 5 && std::string_view(event_type_, 5) == "error";
+      }
+      break;
+    case LineState::skip:
+      break;
+  }
+  line_state_ = LineState::start;
+}
+
+void SseScanner::take_value(std::string_view bytes, bool line_complete) {
+  if (field_ == Field::data) {
+    take_data(bytes, line_complete);
+  } else if (field_ == Field::event) {
+    for (const char c : bytes) {
+      if (event_type_length_ < kNameCapacity) event_type_[event_type_length_] = c;
+      ++event_type_length_;
+    }
+  }
+}
+
+void SseScanner::start_data_line() {
+  ++data_lines_;
+  if (data_lines_ == 1) return;
+  // Data lines join with '\n'.
+  if (holding_ && probe_.rules_out("\n")) release_held();
+  move_data_to_buffer();
+  append_data("\n");
+}
+
+void SseScanner::take_data(std::string_view bytes, bool line_complete) {
+  if (holding_ && probe_.rules_out(bytes)) release_held();
+  if (overflowed_) return;
+  if (line_complete && !value_continued_ && data_lines_ == 1 && !data_in_buffer_) {
+    data_view_ = bytes;  // the whole data of the event so far, inside this piece
+    return;
+  }
+  move_data_to_buffer();
+  append_data(bytes);
+}
+
+void SseScanner::move_data_to_buffer() {
+  if (data_in_buffer_ || overflowed_) return;
+  data_in_buffer_ = true;
+  data_.clear();
+  const auto view = data_view_;
+  data_view_ = {};
+  append_data(view);
+}
+
+void SseScanner::append_data(std::string_view bytes) {
+  if (overflowed_) return;
+  if (data_.size() + bytes.size() > max_carry_) {
+    give_up_on_event();
+    return;
+  }
+  reserve_once(data_);
+  data_.append(bytes);
+}
+
+void SseScanner::give_up_on_event() {
+  overflowed_ = true;
+  data_.clear();
+  data_view_ = {};
+  data_in_buffer_ = false;
+  if (holding_) release_held();
+}
+
+void SseScanner::release_held() {
+  holding_ = false;
+  if (run_start_ != kNoRun) return;  // the run up to the event's start carries on through it
+  auto& held = held_[held_index_];
+  if (!held.empty()) out_->push_back(held);
+  // The handed-out buffer stays untouched until the next call.
+  held_index_ ^= 1;
+  held_[held_index_].clear();
+  run_start_ = 0;
+}
+
+void SseScanner::drop_held(std::size_t end, bool ended_with_cr) {
+  ++stripped_events_;
+  holding_ = false;
+  if (run_start_ == kNoRun) {
+    held_[held_index_].clear();
+  } else if (hold_start_ > run_start_) {
+    out_->push_back(piece_.substr(run_start_, hold_start_ - run_start_));
+  }
+  run_start_ = end;
+  swallow_lf_ = ended_with_cr;
+}
+
+void SseScanner::dispatch(std::size_t end, bool ended_with_cr) {
+  bool usage_only = false;
+  if (data_lines_ > 0) {
+    ++events_;
+    if (!overflowed_) usage_only = inspect(data_in_buffer_ ? data_ : data_view_, holding_);
+  }
+  if (event_is_error_) saw_error_ = true;
+  if (holding_) {
+    if (usage_only) {
+      drop_held(end, ended_with_cr);
+    } else {
+      release_held();
+    }
+  }
+  reset_block();
+}
+
+bool SseScanner::inspect(std::string_view payload, bool want_usage_only) {
+  const auto text = trim_json_space(payload);
+  if (text == "[DONE]") {
+    saw_done_ = true;
+    return false;
+  }
+  const bool may_have_usage = has_object_valued_key(text, "\"usage\"");
+  const bool may_have_error = text.find("\"error\"") != std::string_view::npos;
+  if (!may_have_usage && !may_have_error) return false;
+  const auto doc = json::parse(text.begin(), text.end(), nullptr, false);
+  if (!doc.is_object()) return false;
+  if (may_have_error && is_error_payload(doc)) saw_error_ = true;
+  if (!may_have_usage) return false;
+  if (auto found = find_usage(doc, kUsageSearchDepth)) usage_ = found;
+  return want_usage_only && is_usage_only_chunk(doc);
+}
+
+void SseScanner::end_of_piece() {
+  const std::size_t size = piece_.size();
+  // Views into the piece end with this call. This may hit the cap and
+  // release the held event, so it goes before the output is settled.
+  if (in_block_ && data_lines_ > 0) move_data_to_buffer();
+  if (holding_) {
+    auto& held = held_[held_index_];
+    if (held.size() + (size - hold_start_) > max_carry_) {
+      give_up_on_event();
+    } else {
+      if (run_start_ != kNoRun && hold_start_ > run_start_) {
+        out_->push_back(piece_.substr(run_start_, hold_start_ - run_start_));
+      }
+      reserve_once(held);
+      held.append(piece_.substr(hold_start_));
+    }
+  }
+  if (!holding_ && run_start_ < size) out_->push_back(piece_.substr(run_start_));
+  piece_ = {};
+  out_ = nullptr;
+}
+
+void SseScanner::reset_block() {
+  in_block_ = false;
+  holding_ = false;
+  event_is_error_ = false;
+  overflowed_ = false;
+  data_lines_ = 0;
+  data_view_ = {};
+  data_in_buffer_ = false;
+  data_.clear();
+  event_type_length_ = 0;
+}
+
+std::optional<Usage> usage_from_json_body(std::string_view body) {
+  const auto text = trim_json_space(body);
+  if (!has_object_valued_key(text, "\"usage\"")) return std::nullopt;
+  const auto doc = json::parse(text.begin(), text.end(), nullptr, false);
+  if (!doc.is_object()) return std::nullopt;
+  return find_usage(doc, kUsageSearchDepth);
+}
+
+}  // namespace sluice::stream
