@@ -15,8 +15,6 @@
 
 namespace {
 
-constexpr std::chrono::milliseconds kDrainTimeout{30000};
-
 constexpr const char* kUsage = R"(usage: sluice [--config FILE] [--check-config FILE] [--version] [--help]
 
   --config FILE        run the gateway with this YAML config (default: $SLUICE_CONFIG)
@@ -51,6 +49,21 @@ int run(const std::string& path) {
   sluice::init_logging(config->log.level);
 
   sluice::server::Gateway gateway(config);
+  // SIGHUP and POST /admin/reload both re-read the file: a valid config
+  // replaces the old one for new requests, an invalid one is refused.
+  auto reload = [&gateway, path]() -> std::string {
+    try {
+      auto reloaded = sluice::config::load_file(path);
+      sluice::config::require_auth_or_explicit_opt_out(*reloaded);
+      gateway.apply(std::move(reloaded));
+      spdlog::info("config reloaded from {}", path);
+      return {};
+    } catch (const sluice::config::ConfigError& error) {
+      spdlog::error("config reload rejected, still serving the previous one: {}", error.what());
+      return error.what();
+    }
+  };
+  gateway.set_reload_handler(reload);
   try {
     gateway.start();
   } catch (const std::exception& error) {
@@ -60,8 +73,9 @@ int run(const std::string& path) {
   }
   std::printf("sluice listening on %s\n", gateway.listen_url().c_str());
   std::fflush(stdout);
-  spdlog::info("sluice {} listening on {} with {} threads, {} models", sluice::kVersion,
-               gateway.listen_url(), gateway.workers().size(), config->models.size());
+  spdlog::info("sluice {} listening on {} with {} threads, {} models; admin on port {}",
+               sluice::kVersion, gateway.listen_url(), gateway.workers().size(),
+               config->models.size(), gateway.admin_port());
 
   boost::asio::io_context signals_context;
   boost::asio::signal_set signals(signals_context, SIGINT, SIGTERM, SIGHUP);
@@ -69,21 +83,14 @@ int run(const std::string& path) {
       [&](const sluice::error_code& ec, int signal) {
         if (ec) return;
         if (signal == SIGHUP) {
-          try {
-            auto reloaded = sluice::config::load_file(path);
-            sluice::config::require_auth_or_explicit_opt_out(*reloaded);
-            gateway.apply(std::move(reloaded));
-            spdlog::info("config reloaded from {}", path);
-          } catch (const sluice::config::ConfigError& error) {
-            spdlog::error("config reload rejected, still serving the previous one: {}",
-                          error.what());
-          }
+          gateway.reload();
           signals.async_wait(on_signal);
           return;
         }
+        auto drain_timeout = gateway.snapshot()->config->server.drain_timeout;
         spdlog::info("signal {} received: draining (up to {} ms), then stopping", signal,
-                     kDrainTimeout.count());
-        gateway.drain_and_stop(kDrainTimeout);
+                     drain_timeout.count());
+        gateway.drain_and_stop(drain_timeout);
       };
   signals.async_wait(on_signal);
   signals_context.run();

@@ -329,6 +329,7 @@ class Loader {
   void read_upstream(const Located& at, Upstream& upstream) const;
   void read_router(const Located& at, Router& router) const;
   void read_log(const Located& at, Log& log) const;
+  void read_budgets(const Located& at, Budgets& budgets) const;
   void read_auth(const Located& at, Auth& auth);
   ApiKey read_api_key(const Located& at);
   std::array<unsigned char, 32> read_key_digest(const MappingReader& map, const Located& at) const;
@@ -362,7 +363,8 @@ class Loader {
 
 void Loader::read_server(const Located& at, Server& server) const {
   MappingReader map(at, {"listen", "threads", "max_body_bytes", "max_header_bytes",
-                         "header_timeout", "body_timeout", "keepalive_timeout", "max_connections"});
+                         "header_timeout", "body_timeout", "keepalive_timeout", "max_connections",
+                         "admin_listen", "admin_key", "drain_timeout"});
   if (auto value = map.get("listen")) {
     std::string text = read_string(*value);
     auto listen = parse_listen(text);
@@ -373,6 +375,38 @@ void Loader::read_server(const Located& at, Server& server) const {
     server.listen_host = listen->first;
     server.listen_port = listen->second;
   }
+  if (auto value = map.get("admin_listen")) {
+    std::string text = read_string(*value);
+    if (text == "off") {
+      server.admin_enabled = false;
+    } else {
+      auto listen = parse_listen(text);
+      if (!listen) {
+        fail(*value, "invalid listen address '" + text +
+                         "' (expected off, host:port or [ipv6]:port, port 0-65535)");
+      }
+      server.admin_host = listen->first;
+      server.admin_port = listen->second;
+    }
+  }
+  // Caught here rather than as a bind failure at start-up, which would not
+  // say which of the two keys to change.
+  if (server.admin_enabled && server.admin_port != 0 && server.admin_port == server.listen_port &&
+      server.admin_host == server.listen_host) {
+    if (auto value = map.get("admin_listen")) fail(*value, "must differ from server.listen");
+    fail(*map.get("listen"),
+         "collides with the admin listener (server.admin_listen defaults to 127.0.0.1:9090); "
+         "set admin_listen to another address or to off");
+  }
+  if (auto value = map.get("admin_key")) {
+    server.admin_key = read_string(*value);
+    // Compared against a request header, which cannot carry line breaks: such
+    // a key could never match and would lock the admin listener for good.
+    if (server.admin_key.find_first_of("\r\n") != std::string::npos) {
+      fail(*value, "must not contain line breaks");
+    }
+  }
+  if (auto value = map.get("drain_timeout")) server.drain_timeout = read_positive_duration(*value);
   // More threads than this is a typo, not a machine.
   if (auto value = map.get("threads")) server.threads = read_uint(*value, 0, 1024);
   if (auto value = map.get("max_body_bytes")) server.max_body_bytes = read_size(*value, 1);
@@ -451,7 +485,7 @@ void Loader::read_router(const Located& at, Router& router) const {
 }
 
 void Loader::read_log(const Located& at, Log& log) const {
-  MappingReader map(at, {"level"});
+  MappingReader map(at, {"level", "format", "access_log"});
   if (auto value = map.get("level")) {
     std::string level = read_string(*value);
     constexpr std::string_view kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
@@ -460,6 +494,30 @@ void Loader::read_log(const Located& at, Log& log) const {
     }
     log.level = level;
   }
+  if (auto value = map.get("format")) {
+    std::string format = read_string(*value);
+    if (format != "json" && format != "text") {
+      fail(*value, "invalid value '" + format + "' (allowed: json, text)");
+    }
+    log.format = format;
+  }
+  // Whether a path is writable is left to start-up, which opens the file
+  // anyway; "" is rejected because it is neither a path nor "off".
+  if (auto value = map.get("access_log")) {
+    log.access_log = read_string(*value);
+    if (log.access_log.empty()) {
+      fail(*value, "must not be empty (a file path, stderr or off)");
+    }
+  }
+}
+
+void Loader::read_budgets(const Located& at, Budgets& budgets) const {
+  MappingReader map(at, {"gateway", "upstream_ttfb", "total"});
+  if (auto value = map.get("gateway")) budgets.gateway = read_positive_duration(*value);
+  if (auto value = map.get("upstream_ttfb")) {
+    budgets.upstream_ttfb = read_positive_duration(*value);
+  }
+  if (auto value = map.get("total")) budgets.total = read_positive_duration(*value);
 }
 
 // Shared by the load-time check and require_auth_or_explicit_opt_out, so
@@ -789,7 +847,7 @@ void Loader::read_ca_file(const Located& at, Deployment& deployment) const {
 
 Config Loader::load(const Located& root) {
   if (root.node.IsNull()) fail(root, "the document is empty; at least 'models' is required");
-  MappingReader map(root, {"server", "upstream", "router", "log", "models", "auth"});
+  MappingReader map(root, {"server", "upstream", "router", "log", "models", "auth", "budgets"});
 
   Config config;
   if (auto value = map.get("server")) {
@@ -800,6 +858,7 @@ Config Loader::load(const Located& root) {
   if (auto value = map.get("upstream")) read_upstream(*value, config.upstream);
   if (auto value = map.get("router")) read_router(*value, config.router);
   if (auto value = map.get("log")) read_log(*value, config.log);
+  if (auto value = map.get("budgets")) read_budgets(*value, config.budgets);
   if (auto value = map.get("auth")) {
     // A block mapping's value starts on the line after "auth:"; errors about
     // the section as a whole read better pointing at the key itself.

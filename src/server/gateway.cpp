@@ -11,6 +11,7 @@
 #include <random>
 #include <spdlog/spdlog.h>
 
+#include "sluice/server/admin.hpp"
 #include "sluice/server/session.hpp"
 
 namespace sluice::server {
@@ -20,8 +21,11 @@ using net::as_tuple;
 using net::use_awaitable;
 using net::ip::tcp;
 
-std::shared_ptr<const Snapshot> Snapshot::build(config::ConfigPtr config, const Snapshot* previous) {
+std::shared_ptr<const Snapshot> Snapshot::build(config::ConfigPtr config,
+                                                metrics::GatewayMetrics& metrics,
+                                                const Snapshot* previous) {
   auto snapshot = std::make_shared<Snapshot>();
+  snapshot->metrics = std::make_shared<metrics::SnapshotMetrics>(metrics, config);
   snapshot->router =
       std::make_shared<router::Router>(config, previous ? previous->router.get() : nullptr);
   snapshot->auth =
@@ -67,8 +71,51 @@ std::uint64_t Worker::next_random() {
   return random_state_ * 2685821657736338717ULL;
 }
 
+namespace {
+unsigned thread_count(const config::Config& config) { return std::max(1u, config.server.threads); }
+
+metrics::AccessLogOptions access_log_options(const config::Config& config) {
+  metrics::AccessLogOptions options;
+  options.destination = config.log.access_log;
+  options.format = config.log.format == "text" ? metrics::AccessLogFormat::text
+                                               : metrics::AccessLogFormat::json;
+  return options;
+}
+}  // namespace
+
 Gateway::Gateway(config::ConfigPtr config)
-    : snapshot_(Snapshot::build(config)), dns_(config->upstream.dns_ttl) {}
+    : registry_(thread_count(*config)), dns_(config->upstream.dns_ttl) {
+  metrics::GatewayMetricsSources sources;
+  // Read at scrape time from the admin thread: the pool gauges and the
+  // deployment states are atomics.
+  sources.upstream_connections = [this] {
+    metrics::UpstreamConnectionCounts counts;
+    for (auto& worker : workers_) {
+      counts.idle += static_cast<std::uint64_t>(std::max<std::int64_t>(0, worker->pool().counters().idle.load()));
+      counts.active += static_cast<std::uint64_t>(std::max<std::int64_t>(0, worker->pool().counters().active.load()));
+    }
+    return counts;
+  };
+  sources.deployment_cooldowns = [this](std::vector<metrics::DeploymentCooldown>& out) {
+    auto current = snapshot();
+    auto now = Clock::now();
+    for (const auto& model : current->config->models) {
+      for (const auto& deployment : model.deployments) {
+        auto* state = current->router->state(deployment.id);
+        out.push_back({deployment.id, state && state->cooling_down(now)});
+      }
+    }
+  };
+  metrics_ = std::make_unique<metrics::GatewayMetrics>(registry_, std::move(sources));
+  access_log_ = std::make_unique<metrics::AccessLog>(access_log_options(*config));
+  snapshot_.store(Snapshot::build(config, *metrics_));
+}
+
+std::string Gateway::reload() {
+  std::lock_guard lock(reload_mutex_);
+  if (!reload_handler_) return "reload is not available: the gateway was not started from a file";
+  return reload_handler_();
+}
 
 Gateway::~Gateway() { stop(); }
 
@@ -80,7 +127,7 @@ std::string Gateway::listen_url() const {
 
 void Gateway::apply(config::ConfigPtr config) {
   auto previous = snapshot_.load();
-  snapshot_.store(Snapshot::build(std::move(config), previous.get()));
+  snapshot_.store(Snapshot::build(std::move(config), *metrics_, previous.get()));
 }
 
 namespace {
@@ -143,6 +190,20 @@ void Gateway::start() {
   bound_host_ = acceptor_->local_endpoint().address().to_string();
 
   net::co_spawn(accept_context, accept_connections(*this, *acceptor_), net::detached);
+
+  if (config->server.admin_enabled) {
+    tcp::endpoint admin_endpoint(net::ip::make_address(config->server.admin_host),
+                                 config->server.admin_port);
+    admin_context_ = std::make_unique<net::io_context>(1);
+    admin_acceptor_ = std::make_unique<tcp::acceptor>(*admin_context_);
+    admin_acceptor_->open(admin_endpoint.protocol());
+    admin_acceptor_->set_option(net::socket_base::reuse_address(true));
+    admin_acceptor_->bind(admin_endpoint);
+    admin_acceptor_->listen();
+    admin_port_ = admin_acceptor_->local_endpoint().port();
+    net::co_spawn(*admin_context_, serve_admin(*this, *admin_acceptor_), net::detached);
+    admin_thread_ = std::thread([context = admin_context_.get()] { context->run(); });
+  }
   for (auto& worker : workers_) {
     net::co_spawn(worker->context(), sweep_idle_connections(*worker), net::detached);
     worker->thread_ = std::thread([&context = worker->context()] { context.run(); });
@@ -183,10 +244,14 @@ void Gateway::stop() {
   if (!running_) return;
   running_ = false;
   for (auto& worker : workers_) worker->context().stop();
+  if (admin_context_) admin_context_->stop();
   for (auto& worker : workers_) {
     if (worker->thread_.joinable()) worker->thread_.join();
   }
+  if (admin_thread_.joinable()) admin_thread_.join();
   acceptor_.reset();
+  admin_acceptor_.reset();
+  admin_context_.reset();
   workers_.clear();
 }
 

@@ -15,6 +15,8 @@
 #include "sluice/common/http_head.hpp"
 #include "sluice/common/json_scan.hpp"
 #include "sluice/common/request_body.hpp"
+#include "sluice/metrics/budgets.hpp"
+#include "sluice/metrics/server_timing.hpp"
 #include "sluice/stream/client_watch.hpp"
 #include "sluice/stream/relay.hpp"
 #include "sluice/upstream/client.hpp"
@@ -50,10 +52,12 @@ std::optional<std::string_view> proxied_endpoint(std::string_view path) {
 bool is_withheld_from_upstream(std::string_view name) {
   return is_hop_by_hop_header(name) || iequals(name, "authorization") ||
          iequals(name, "api-key") || iequals(name, "x-api-key") || iequals(name, "expect") ||
-         iequals(name, "accept-encoding") || iequals(name, "x-request-id");
+         iequals(name, "accept-encoding") || iequals(name, "x-request-id") ||
+         iequals(name, "traceparent");
 }
 
-std::string forwarded_fields(const ClientRequest& request, std::string_view request_id) {
+std::string forwarded_fields(const ClientRequest& request, std::string_view request_id,
+                             std::string_view traceparent) {
   std::string fields;
   fields.reserve(512);
   for (const auto& field : request) {
@@ -64,6 +68,7 @@ std::string forwarded_fields(const ClientRequest& request, std::string_view requ
     fields.append(field.value().data(), field.value().size()).append("\r\n");
   }
   fields.append("x-request-id: ").append(request_id).append("\r\n");
+  fields.append("traceparent: ").append(traceparent).append("\r\n");
   return fields;
 }
 
@@ -133,6 +138,17 @@ net::awaitable<bool> write_response(RequestContext& context, unsigned status,
       .field("Content-Type", content_type)
       .field("Content-Length", body.size())
       .raw_fields(extra_fields);
+  if (!context.timing_sent) {
+    // An answer of the gateway's own: all of its time is sluice's.
+    context.gateway_time += Clock::now() - context.body_read;
+    std::string timing;
+    metrics::render_server_timing(timing, {context.gateway_time, context.upstream_connect,
+                                           context.upstream_ttfb});
+    writer.raw_fields(timing);
+    context.timing_sent = true;
+  }
+  context.record.status = status;
+  context.record.bytes_out = body.size();
   if (!context.keep_alive) writer.field("Connection", "close");
   writer.finish();
   bool head_only = context.request.method() == http::verb::head;
@@ -223,6 +239,18 @@ void launch(RequestContext& context, const ProxyInputs& inputs, AttemptTask& tas
                 run_attempt(context.worker.client(), task, wakeup), net::detached);
 }
 
+metrics::AttemptRecord attempt_record(const config::Deployment& deployment,
+                                      const upstream::Exchange& exchange, std::string outcome) {
+  const auto& timing = exchange.timing();
+  std::optional<double> connect_ms, tls_ms;
+  if (!timing.reused) {
+    connect_ms = to_ms(timing.connected - timing.started);
+    if (timing.secured > timing.connected) tls_ms = to_ms(timing.secured - timing.connected);
+  }
+  return {deployment.id, std::move(outcome), connect_ms, tls_ms,
+          to_ms(timing.first_byte - timing.sent), timing.reused};
+}
+
 // What a failed attempt left for the client, should it be the last one.
 struct FailedAttempt {
   router::ResultKind kind = router::ResultKind::retriable;
@@ -243,6 +271,8 @@ net::awaitable<FailedAttempt> settle_failure(RequestContext& context, router::Pl
   auto& result = *task.result;
   if (!result) {
     const auto& error = result.error();
+    context.record.attempts.push_back(
+        {deployment.id, to_string(error.failure), std::nullopt, std::nullopt, std::nullopt, false});
     spdlog::debug("request {}: deployment {} failed: {}", context.request_id, deployment.id,
                   error.describe());
     plan.report(task.attempt,
@@ -255,6 +285,8 @@ net::awaitable<FailedAttempt> settle_failure(RequestContext& context, router::Pl
   }
   auto& exchange = *result.value();
   failed.status = exchange.status();
+  context.record.attempts.push_back(attempt_record(deployment, exchange,
+                                                   "http_" + std::to_string(failed.status)));
   failed.body = co_await read_error_body(exchange, context.relay_buffer);
   redact(failed.body, deployment.api_key);
   auto content_type = exchange.head()[http::field::content_type];
@@ -373,11 +405,48 @@ net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
                                                            exchange.timing().sent);
     plan.report(winner->attempt, {router::ResultKind::success, false, ttft, std::nullopt},
                 Clock::now());
+    context.answered = &deployment;
+    context.record.deployment = deployment.id;
+    context.record.attempts.push_back(attempt_record(deployment, exchange, "ok"));
+    for (const auto& task : tasks) {
+      if (task.launched && &task != winner && task.abort_handle.aborted()) {
+        context.record.attempts.push_back({task.attempt.deployment->id, "lost_hedge", std::nullopt,
+                                           std::nullopt, std::nullopt, false});
+      }
+    }
+    if (winner->attempt.hedge) context.record.tags.push_back("hedge:won");
+    const auto& timing = exchange.timing();
+    context.upstream_ttfb = timing.first_byte - timing.sent;
+    if (!timing.reused) context.upstream_connect = timing.secured - timing.started;
+    // sluice's own time: before the request went upstream, and from the
+    // response head to the first write to the client (measured by the relay
+    // below; Server-Timing reports it up to here).
+    context.gateway_time += winner->started_at - context.body_read;
+    auto head_at = Clock::now();
+    std::string timing_field;
+    metrics::render_server_timing(timing_field,
+                                  {context.gateway_time + (head_at - timing.first_byte),
+                                   context.upstream_connect, context.upstream_ttfb});
+    context.response_fields.append(timing_field);
+    context.timing_sent = true;
+
     watch.watch(&winner->abort_handle);
     stream::Relay relay(context.client, context.relay_buffer, deployment.timeouts.idle);
+    auto model_metrics = context.snapshot->metrics->model(*context.model);
+    stream::RelayOptions relay_options{inputs.strip_usage_only_chunks, &context.gaps,
+                                       &model_metrics.inter_token_gap, context.worker.index()};
     auto outcome = co_await relay.run(exchange, sluice_fields(context), context.keep_alive,
-                                      {inputs.strip_usage_only_chunks});
-    if (outcome.usage) context.usage_tokens = outcome.usage->total_tokens;
+                                      relay_options);
+    if (outcome.first_write != TimePoint{}) {
+      context.gateway_time += outcome.first_write - timing.first_byte;
+      context.record.ttft_ms = to_ms(outcome.first_write - context.head_started);
+    }
+    context.record.status = exchange.status();
+    context.record.bytes_out = outcome.bytes_out;
+    if (outcome.usage) {
+      context.usage = outcome.usage;
+      context.usage_tokens = outcome.usage->total_tokens;
+    }
     watch.unwatch(&winner->abort_handle);
     plan.finish(winner->attempt, outcome.complete,
                 std::chrono::duration_cast<router::Micros>(Clock::now() - winner->started_at),
@@ -418,7 +487,118 @@ net::awaitable<bool> respond_error(RequestContext& context, const ApiError& erro
   co_return co_await respond_json(context, error.status, error.to_json(), extra_fields);
 }
 
+namespace {
+
+// Metrics and the access-log line for a finished request.
+void account(RequestContext& context, bool client_gone) {
+  auto& record = context.record;
+  auto& metrics = *context.snapshot->metrics;
+  auto& gateway_metrics = context.worker.gateway().metrics();
+  auto shard = context.worker.index();
+  auto now = Clock::now();
+  auto total = now - context.head_started;
+  record.total_ms = to_ms(total);
+  record.gateway_overhead_us = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(context.gateway_time).count());
+  record.stream = context.stream;
+  record.client_disconnected = client_gone;
+  record.bytes_in = context.request.body().size();
+  if (context.key) record.key_name = context.key->name;
+  if (auto p50 = context.gaps.p50()) record.gap_p50_ms = to_ms(*p50);
+  if (auto max = context.gaps.max()) record.gap_max_ms = to_ms(*max);
+  if (context.usage) {
+    record.prompt_tokens = context.usage->prompt_tokens;
+    record.completion_tokens = context.usage->completion_tokens;
+  }
+
+  gateway_metrics.gateway_overhead.observe(shard,
+                                           std::chrono::duration<double>(context.gateway_time).count());
+  if (client_gone) gateway_metrics.client_disconnects.add(shard);
+  if (context.model) {
+    metrics.requests(shard, context.model, context.answered, record.status).add(shard);
+    auto model_metrics = metrics.model(*context.model);
+    model_metrics.request_duration.observe(shard, std::chrono::duration<double>(total).count());
+    unsigned hedges = 0, fallbacks = 0;
+    for (const auto& attempt : record.attempts) hedges += attempt.outcome == "lost_hedge";
+    if (context.attempts > 1 + hedges) model_metrics.retries.add(shard, context.attempts - 1 - hedges);
+    if (context.answered && context.answered != nullptr) {
+      bool from_fallback = true;
+      for (const auto& deployment : context.model->deployments) {
+        from_fallback = from_fallback && &deployment != context.answered;
+      }
+      fallbacks = from_fallback;
+    }
+    if (fallbacks) model_metrics.fallbacks.add(shard);
+    for (const auto& tag : record.tags) {
+      if (tag == "hedge:won") model_metrics.hedges_won.add(shard);
+    }
+    if (hedges > 0 || std::find(record.tags.begin(), record.tags.end(), "hedge:won") != record.tags.end()) {
+      model_metrics.hedges_fired.add(shard);
+    }
+    if (context.answered && context.upstream_ttfb) {
+      for (const auto& owner : context.snapshot->config->models) {
+        if (context.answered < owner.deployments.data() ||
+            context.answered >= owner.deployments.data() + owner.deployments.size()) {
+          continue;
+        }
+        auto deployment_metrics = metrics.deployment(owner, *context.answered);
+        deployment_metrics.ttft.observe(shard, std::chrono::duration<double>(*context.upstream_ttfb).count());
+        if (context.upstream_connect) {
+          deployment_metrics.upstream_connect.observe(
+              shard, std::chrono::duration<double>(*context.upstream_connect).count());
+        }
+      }
+    }
+    if (context.usage) {
+      const config::ApiKey* key = nullptr;
+      for (const auto& candidate : context.snapshot->config->auth.keys) {
+        if (context.key && candidate.name == context.key->name) key = &candidate;
+      }
+      auto tokens = metrics.tokens(shard, *context.model, key);
+      tokens.prompt.add(shard, context.usage->prompt_tokens);
+      tokens.completion.add(shard, context.usage->completion_tokens);
+    }
+  } else {
+    metrics.requests(shard, nullptr, nullptr, record.status).add(shard);
+  }
+
+  const auto& budgets = context.snapshot->config->budgets;
+  metrics::StageDurations measured{context.gateway_time, context.upstream_ttfb, total};
+  record.over_budget = metrics::over_budget(
+      {budgets.gateway, budgets.upstream_ttfb, budgets.total}, measured);
+  if (!record.over_budget.empty()) {
+    gateway_metrics.count_budget_overruns(shard, record.over_budget);
+    spdlog::warn("request {} over its latency budget: gateway {:.3f} ms, upstream ttfb {} ms, "
+                 "total {:.3f} ms",
+                 context.request_id, to_ms(context.gateway_time),
+                 context.upstream_ttfb ? std::to_string(to_ms(*context.upstream_ttfb)) : "-",
+                 to_ms(total));
+  }
+  context.worker.gateway().access_log().write(record);
+}
+
+}  // namespace
+
 net::awaitable<bool> Pipeline::handle(RequestContext& context) {
+  auto& request = context.request;
+  auto& gateway_metrics = context.worker.gateway().metrics();
+  gateway_metrics.requests_in_flight.add(1);
+  context.record.timestamp = std::chrono::system_clock::now() -
+                             std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                 Clock::now() - context.head_started);
+  context.record.request_id = context.request_id;
+  auto next_random = [&worker = context.worker] { return worker.next_random(); };
+  auto traceparent = request["traceparent"];
+  auto incoming = metrics::parse_traceparent(std::string_view(traceparent.data(), traceparent.size()));
+  context.trace = incoming ? *incoming : metrics::new_trace_context(next_random);
+  context.record.trace_id = context.trace.trace_id_hex();
+  bool keep = co_await serve(context);
+  gateway_metrics.requests_in_flight.sub(1);
+  account(context, !keep && context.client_gone);
+  co_return keep;
+}
+
+net::awaitable<bool> Pipeline::serve(RequestContext& context) {
   auto& request = context.request;
   std::string_view target(request.target().data(), request.target().size());
   auto query_start = target.find('?');
@@ -477,11 +657,14 @@ net::awaitable<bool> Pipeline::handle(RequestContext& context) {
     co_return co_await respond_error(context, ApiError::model_not_found(model_name));
   }
   context.stream = inspected->stream;
+  context.record.model = model_name;
 
   ProxyInputs inputs;
   inputs.endpoint = *endpoint;
   inputs.query = query;
-  inputs.forward_fields = forwarded_fields(request, context.request_id);
+  auto next_random = [&worker = context.worker] { return worker.next_random(); };
+  inputs.forward_fields = forwarded_fields(request, context.request_id,
+                                           metrics::next_hop(context.trace, next_random).traceparent());
   // Only `model` changes on the way upstream: splice it in place rather than
   // re-serialising the whole body.
   std::string respliced;
@@ -521,6 +704,7 @@ net::awaitable<bool> Pipeline::handle(RequestContext& context) {
   watch.start();
   bool keep = co_await proxy(context, inputs, watch);
   co_await watch.stop();
+  context.client_gone = watch.client_gone();
   auth.complete(admission, context.usage_tokens, Clock::now());
   co_return keep && !watch.client_gone();
 }

@@ -184,6 +184,15 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange,
     std::string_view piece(buffer_.data(), n);
     bool written;
     if (scanner) {
+      if (options.gaps) {
+        auto now = Clock::now();
+        options.gaps->on_event(now);
+        auto gap = options.gaps->last_gap();
+        if (gap && options.gap_histogram) {
+          options.gap_histogram->observe(options.shard,
+                                         std::chrono::duration<double>(*gap).count());
+        }
+      }
       spans_.clear();
       scanner->feed(piece, spans_);
       // A piece that only completed a stripped event leaves nothing to write.

@@ -515,7 +515,7 @@ TEST(ConfigErrors, UnknownKeyInNestedSections) {
   expect_error("router:\n  hedge: {after: off, at: 1s}\n" + kOneModel, "router.hedge.at", 2,
                "allowed: after");
   expect_error("upstream:\n  pool: 3\n" + kOneModel, "upstream.pool", 2, "unknown key 'pool'");
-  expect_error("log:\n  format: json\n" + kOneModel, "log.format", 2, "allowed: level");
+  expect_error("log:\n  colour: json\n" + kOneModel, "log.colour", 2, "allowed: level, format, access_log");
 }
 
 TEST(ConfigErrors, UnknownKeyInModelAndDeployment) {

@@ -17,7 +17,16 @@ std::string with_test_defaults(const std::string& yaml) {
 }  // namespace
 
 TestGateway::TestGateway(const std::string& yaml) {
-  gateway_ = std::make_unique<server::Gateway>(config::load_string(with_test_defaults(yaml)));
+  auto loaded = config::load_string(with_test_defaults(yaml));
+  auto config = std::make_shared<config::Config>(*loaded);
+  // Tests run in parallel: the admin listener takes an ephemeral port too,
+  // and access lines stay out of the test output, unless a test asks.
+  if (yaml.find("admin_listen") == std::string::npos) {
+    config->server.admin_host = "127.0.0.1";
+    config->server.admin_port = 0;
+  }
+  if (yaml.find("access_log") == std::string::npos) config->log.access_log = "off";
+  gateway_ = std::make_unique<server::Gateway>(std::move(config));
   gateway_->start();
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -59,6 +60,9 @@ constexpr std::size_t kTruncateAfterEvents = 3;
 // a stream rather than a firehose.
 constexpr auto kEndlessMinInterval = std::chrono::milliseconds(1);
 constexpr std::string_view kDefaultModel = "mock-model";
+// The largest duration accepted from a header or /mock/behaviour: a day in
+// milliseconds. Anything longer is a typo, and the cap keeps arithmetic on
+// durations far from overflow.
 constexpr std::uint64_t kMaxHeaderDuration = 86'400'000;
 
 // ---------------------------------------------------------------------------
@@ -630,8 +634,6 @@ std::optional<std::string> apply_header_overrides(const http::fields& fields,
     auto value = header(name);
     if (!value) return true;
     auto parsed = parse_unsigned<std::uint64_t>(*value);
-    // A day in milliseconds: anything longer is a typo, and keeps the
-    // arithmetic on durations far from overflow.
     if (!parsed || *parsed > kMaxHeaderDuration) return false;
     target = std::remove_reference_t<decltype(target)>(*parsed);
     return true;
@@ -649,9 +651,11 @@ std::optional<std::string> apply_header_overrides(const http::fields& fields,
   if (!read_count("x-mock-retry-after", behaviour.retry_after_s)) {
     return invalid("x-mock-retry-after");
   }
-  if (!read_count("x-mock-dims", behaviour.dims) || behaviour.dims == 0 ||
-      behaviour.dims > kMaxDims) {
-    return invalid("x-mock-dims");
+  if (header("x-mock-dims")) {
+    if (!read_count("x-mock-dims", behaviour.dims) || behaviour.dims == 0 ||
+        behaviour.dims > kMaxDims) {
+      return invalid("x-mock-dims");
+    }
   }
   if (auto value = header("x-mock-fail")) {
     if (!parse_fail_mode(*value)) return invalid("x-mock-fail");
@@ -676,7 +680,9 @@ std::optional<std::string> apply_behaviour_json(const Json& document, Behaviour&
       return static_cast<unsigned>(number);
     };
     auto milliseconds = [&]() -> std::optional<std::chrono::milliseconds> {
-      if (!value.is_number_unsigned()) return std::nullopt;
+      if (!value.is_number_unsigned() || value.get<std::uint64_t>() > kMaxHeaderDuration) {
+        return std::nullopt;
+      }
       return std::chrono::milliseconds(value.get<std::uint64_t>());
     };
     bool ok = true;
@@ -685,7 +691,7 @@ std::optional<std::string> apply_behaviour_json(const Json& document, Behaviour&
       ok = v.has_value();
       if (ok) behaviour.ttft = *v;
     } else if (key == "ttft_per_token_us") {
-      ok = value.is_number_unsigned();
+      ok = value.is_number_unsigned() && value.get<std::uint64_t>() <= kMaxHeaderDuration;
       if (ok)
         behaviour.ttft_per_prompt_token = std::chrono::microseconds(value.get<std::uint64_t>());
     } else if (key == "interval_ms") {
@@ -914,7 +920,7 @@ std::variant<Plan, Reply> make_plan(Endpoint endpoint, const Request& request, S
     } else {
       plan.embedding_inputs.push_back(embedding_input_text(input));
     }
-    plan.dims = plan.behaviour.dims;
+    plan.dims = std::clamp(plan.behaviour.dims, 1u, kMaxDims);
     if (auto dims = body.find("dimensions"); dims != body.end() && dims->is_number_unsigned()) {
       auto requested = dims->get<std::uint64_t>();
       if (requested == 0 || requested > kMaxDims) {
@@ -1342,8 +1348,9 @@ class Connection final : public ConnectionHandle,
     event_.clear();
     script.append_event(0, event_);
     append_chunk(out_, event_);
-    if (finishes && total == 1) out_ += kLastChunk;
-    open = co_await send_event(out_, byte_gap, dripping);
+    const bool first_is_last = finishes && total == 1;
+    if (first_is_last) out_ += kLastChunk;
+    open = co_await send_stream_bytes(first_is_last, byte_gap, dripping);
     if (open && fail == FailMode::stall_mid) open = co_await pause(plan.behaviour.stall);
     if (!open) co_return Next::close;
 
@@ -1361,8 +1368,9 @@ class Connection final : public ConnectionHandle,
       }
       out_.clear();
       append_chunk(out_, event_);
-      if (finishes && index + 1 == total) out_ += kLastChunk;
-      open = co_await send_event(out_, byte_gap, dripping);
+      const bool last = finishes && index + 1 == total;
+      if (last) out_ += kLastChunk;
+      open = co_await send_stream_bytes(last, byte_gap, dripping);
       if (!open) co_return Next::close;
     }
 
@@ -1372,8 +1380,24 @@ class Connection final : public ConnectionHandle,
       co_return Next::close;
     }
     if (fail == FailMode::truncate) co_return Next::close;
-    state_.streams_completed.fetch_add(1, std::memory_order_relaxed);
     co_return keep_alive ? Next::keep_alive : Next::close;
+  }
+
+  // Sends out_ as part of a stream; `last` marks the write that carries the
+  // terminating chunk. A peer may have received all of that write and closed
+  // before its completion runs here, so that write's own outcome, not the
+  // close, decides whether the stream counts as completed or cancelled.
+  awaitable<bool> send_stream_bytes(bool last, Clock::duration byte_gap, bool dripping) {
+    final_write_in_flight_ = last;
+    const bool open = co_await send_event(out_, byte_gap, dripping);
+    if (!last) co_return open;
+    final_write_in_flight_ = false;
+    if (in_stream_) {
+      in_stream_ = false;
+      auto& counter = last_write_ok_ ? state_.streams_completed : state_.streams_cancelled;
+      counter.fetch_add(1, std::memory_order_relaxed);
+    }
+    co_return open;
   }
 
   awaitable<Next> send_reply(const Reply& reply, bool keep_alive) {
@@ -1382,13 +1406,15 @@ class Connection final : public ConnectionHandle,
                 reply.retry_after_s);
     out_ += reply.body;
     const bool open = co_await send(out_);
-    co_return open&& keep_alive ? Next::keep_alive : Next::close;
+    co_return (open && keep_alive) ? Next::keep_alive : Next::close;
   }
 
   // Writes `bytes`. False once the connection is gone.
   awaitable<bool> send(std::string_view bytes) {
+    last_write_ok_ = false;
     if (closed_) co_return false;
     auto [error, written] = co_await asio::async_write(stream_, asio::buffer(bytes), use_tuple);
+    last_write_ok_ = !error;
     if (error && !closed_) peer_gone();
     co_return !closed_;
   }
@@ -1434,7 +1460,7 @@ class Connection final : public ConnectionHandle,
 
   void peer_gone() {
     if (closed_) return;
-    if (in_stream_) {
+    if (in_stream_ && !final_write_in_flight_) {
       in_stream_ = false;
       state_.streams_cancelled.fetch_add(1, std::memory_order_relaxed);
     }
@@ -1444,7 +1470,6 @@ class Connection final : public ConnectionHandle,
   void close(CloseStyle style) {
     if (closed_) return;
     closed_ = true;
-    in_stream_ = false;
     state_.open_connections.fetch_sub(1, std::memory_order_relaxed);
     sleep_timer_.cancel();
     request_ready_.cancel();
@@ -1474,6 +1499,8 @@ class Connection final : public ConnectionHandle,
   bool in_stream_ = false;
   bool malformed_request_ = false;
   bool responding_ = false;  // the responder owns the write side
+  bool final_write_in_flight_ = false;
+  bool last_write_ok_ = false;
 };
 
 std::string bracket_if_ipv6(const std::string& host) {

@@ -72,6 +72,13 @@ struct Server {
   Duration body_timeout{30000};
   Duration keepalive_timeout{75000};
   unsigned max_connections = 10000;
+  // Separate listener for /metrics and /admin/*, kept off the client port so
+  // operational endpoints need not be exposed wherever clients can reach.
+  bool admin_enabled = true;  // false when admin_listen is "off"
+  std::string admin_host = "127.0.0.1";
+  std::uint16_t admin_port = 9090;
+  std::string admin_key;          // bearer key required on the admin listener; "" = none
+  Duration drain_timeout{30000};  // how long in-flight requests may finish on shutdown
 };
 
 struct Upstream {
@@ -106,7 +113,17 @@ struct Router {
 };
 
 struct Log {
-  std::string level = "info";  // trace|debug|info|warn|error|off
+  std::string level = "info";         // trace|debug|info|warn|error|off
+  std::string format = "json";        // access log: json|text
+  std::string access_log = "stderr";  // a file path, "stderr" or "off"
+};
+
+// Optional per-stage latency targets; nullopt means no budget for that
+// stage, so nothing is measured against it.
+struct Budgets {
+  std::optional<Duration> gateway;        // time spent inside sluice itself
+  std::optional<Duration> upstream_ttfb;  // request sent -> first upstream byte
+  std::optional<Duration> total;
 };
 
 // What one client key may spend; 0 means unlimited for each.
@@ -145,6 +162,7 @@ struct Config {
   Upstream upstream;
   Router router;
   Log log;
+  Budgets budgets;
   Auth auth;
   std::vector<Model> models;
 

@@ -4,6 +4,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -13,6 +14,9 @@
 
 #include "sluice/auth/stage.hpp"
 #include "sluice/config/config.hpp"
+#include "sluice/metrics/access_log.hpp"
+#include "sluice/metrics/gateway_metrics.hpp"
+#include "sluice/metrics/registry.hpp"
 #include "sluice/router/router.hpp"
 #include "sluice/upstream/client.hpp"
 
@@ -25,9 +29,11 @@ struct Snapshot {
   config::ConfigPtr config;
   std::shared_ptr<router::Router> router;
   std::shared_ptr<auth::AuthStage> auth;
+  std::shared_ptr<metrics::SnapshotMetrics> metrics;
   std::string models_json;  // GET /v1/models, rendered once
 
   static std::shared_ptr<const Snapshot> build(config::ConfigPtr config,
+                                               metrics::GatewayMetrics& metrics,
                                                const Snapshot* previous = nullptr);
 };
 
@@ -104,6 +110,17 @@ class Gateway {
   void apply(config::ConfigPtr config);
 
   std::atomic<unsigned>& open_connections() { return open_connections_; }
+  metrics::Registry& registry() { return registry_; }
+  metrics::GatewayMetrics& metrics() { return *metrics_; }
+  metrics::AccessLog& access_log() { return *access_log_; }
+  // The admin listener's port (0 when it is off).
+  std::uint16_t admin_port() const { return admin_port_; }
+  // What POST /admin/reload runs; returns "" on success or the error. The
+  // binary sets it to re-read its config file.
+  void set_reload_handler(std::function<std::string()> handler) {
+    reload_handler_ = std::move(handler);
+  }
+  std::string reload();
   upstream::DnsCache& dns() { return dns_; }
   upstream::TlsContexts& tls() { return tls_; }
   std::vector<std::unique_ptr<Worker>>& workers() { return workers_; }
@@ -111,11 +128,23 @@ class Gateway {
  private:
   void accept_loop_start();
 
+  // Declared first: snapshots hold handles into the registry.
+  metrics::Registry registry_;
+  std::unique_ptr<metrics::GatewayMetrics> metrics_;
+  std::unique_ptr<metrics::AccessLog> access_log_;
   std::atomic<std::shared_ptr<const Snapshot>> snapshot_;
   upstream::DnsCache dns_;
   upstream::TlsContexts tls_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
+  // The admin listener has a thread of its own, so rendering metrics or
+  // loading a config file never holds up an event loop that serves clients.
+  std::unique_ptr<boost::asio::io_context> admin_context_;
+  std::thread admin_thread_;
+  std::unique_ptr<boost::asio::ip::tcp::acceptor> admin_acceptor_;
+  std::uint16_t admin_port_ = 0;
+  std::function<std::string()> reload_handler_;
+  std::mutex reload_mutex_;
   std::uint16_t bound_port_ = 0;
   std::string bound_host_;
   std::atomic<unsigned> open_connections_{0};

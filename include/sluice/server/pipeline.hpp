@@ -12,7 +12,11 @@
 
 #include "sluice/common/clock.hpp"
 #include "sluice/common/errors.hpp"
+#include "sluice/metrics/access_log.hpp"
+#include "sluice/metrics/gap_tracker.hpp"
+#include "sluice/metrics/trace_context.hpp"
 #include "sluice/server/gateway.hpp"
+#include "sluice/stream/sse_scanner.hpp"
 
 namespace sluice::server {
 
@@ -41,6 +45,19 @@ struct RequestContext {
   bool stream = false;
   unsigned attempts = 0;
   std::optional<std::uint64_t> usage_tokens;  // prompt + completion, as the upstream reported
+  std::optional<stream::Usage> usage;
+
+  // Observability: the access-log record the stages fill in, the trace, and
+  // the time spent in sluice's own code (not waiting on upstream or client).
+  metrics::RequestRecord record{};
+  metrics::TraceContext trace{};
+  metrics::GapTracker gaps{};
+  std::chrono::nanoseconds gateway_time{0};
+  std::optional<std::chrono::nanoseconds> upstream_ttfb;
+  std::optional<std::chrono::nanoseconds> upstream_connect;
+  bool timing_sent = false;
+  bool client_gone = false;  // a Server-Timing header went out already
+  const config::Deployment* answered = nullptr;
   std::string deployment_id{};
 };
 
@@ -50,6 +67,9 @@ class Pipeline {
  public:
   // Returns whether the client connection may serve another request.
   static boost::asio::awaitable<bool> handle(RequestContext& context);
+
+ private:
+  static boost::asio::awaitable<bool> serve(RequestContext& context);
 };
 
 // Writes a complete response with a JSON body.

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "sluice/common/clock.hpp"
+#include "sluice/metrics/gap_tracker.hpp"
+#include "sluice/metrics/registry.hpp"
 #include "sluice/stream/sse_scanner.hpp"
 #include "sluice/upstream/client.hpp"
 
@@ -34,6 +36,10 @@ struct RelayOptions {
   // The gateway asked the upstream for a usage chunk the client did not ask
   // for: keep it from the client.
   bool strip_usage_only_chunks = false;
+  // Where gaps between streamed reads go (both optional).
+  metrics::GapTracker* gaps = nullptr;
+  const metrics::HistogramHandle* gap_histogram = nullptr;
+  unsigned shard = 0;
 };
 
 // Relays an upstream response to the client as it is read: each read is

@@ -1,0 +1,129 @@
+#include "sluice/server/admin.hpp"
+
+#include <openssl/crypto.h>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
+
+#include "sluice/common/errors.hpp"
+#include "sluice/server/gateway.hpp"
+
+namespace sluice::server {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using net::as_tuple;
+using net::use_awaitable;
+
+std::string render_routes(Gateway& gateway) {
+  auto snapshot = gateway.snapshot();
+  auto now = Clock::now();
+  constexpr auto kFresh = std::chrono::minutes(1);
+  nlohmann::json models = nlohmann::json::array();
+  for (const auto& model : snapshot->config->models) {
+    nlohmann::json deployments = nlohmann::json::array();
+    for (const auto& deployment : model.deployments) {
+      auto* state = snapshot->router->state(deployment.id);
+      if (!state) continue;
+      auto ttft = state->ttft.summary(now, kFresh);
+      auto total = state->total.summary(now, kFresh);
+      nlohmann::json entry = {
+          {"id", deployment.id},
+          {"ttft_p50_ms", ttft.samples ? nlohmann::json(to_ms(ttft.p50)) : nlohmann::json()},
+          {"ttft_p95_ms", ttft.samples ? nlohmann::json(to_ms(ttft.p95)) : nlohmann::json()},
+          {"ttft_samples", ttft.samples},
+          {"total_p50_ms", total.samples ? nlohmann::json(to_ms(total.p50)) : nlohmann::json()},
+          {"total_samples", total.samples},
+          {"in_flight", state->in_flight()},
+          {"recent_error_rate", state->recent_error_rate(now)},
+          {"attempts_total", state->attempts_total()},
+          {"failures_total", state->failures_total()},
+          {"cooling_down", state->cooling_down(now)},
+      };
+      auto until = state->cooldown_until();
+      entry["cooldown_remaining_ms"] =
+          until && *until > now ? nlohmann::json(to_ms(*until - now)) : nlohmann::json();
+      deployments.push_back(std::move(entry));
+    }
+    models.push_back({{"model", model.name},
+                      {"strategy", static_cast<int>(model.strategy)},
+                      {"deployments", std::move(deployments)}});
+  }
+  return nlohmann::json{{"models", std::move(models)}}.dump(2);
+}
+
+namespace {
+
+bool authorized(const http::request<http::string_body>& request, const std::string& key) {
+  if (key.empty()) return true;
+  auto header = request[http::field::authorization];
+  std::string expected = "Bearer " + key;
+  return header.size() == expected.size() &&
+         CRYPTO_memcmp(header.data(), expected.data(), expected.size()) == 0;
+}
+
+net::awaitable<void> serve_admin_connection(Gateway& gateway, net::ip::tcp::socket socket) {
+  beast::tcp_stream stream(std::move(socket));
+  beast::flat_buffer buffer;
+  for (;;) {
+    http::request<http::string_body> request;
+    stream.expires_after(std::chrono::seconds(30));
+    auto [read_ec, n] = co_await http::async_read(stream, buffer, request, as_tuple(use_awaitable));
+    if (read_ec) break;
+
+    http::response<http::string_body> response{http::status::ok, request.version()};
+    response.keep_alive(request.keep_alive());
+    response.set(http::field::content_type, "application/json");
+    auto target = request.target();
+    auto config = gateway.snapshot()->config;
+    if (!authorized(request, config->server.admin_key)) {
+      response.result(http::status::unauthorized);
+      response.body() = ApiError{401, "The admin listener needs its bearer key.",
+                                 "invalid_request_error", "", "invalid_api_key"}
+                            .to_json();
+    } else if (target == "/metrics" && request.method() == http::verb::get) {
+      response.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+      response.body() = gateway.registry().render();
+    } else if (target == "/admin/routes" && request.method() == http::verb::get) {
+      response.body() = render_routes(gateway);
+    } else if (target == "/admin/reload" && request.method() == http::verb::post) {
+      std::string error = gateway.reload();
+      if (error.empty()) {
+        response.body() = R"({"reloaded":true})";
+      } else {
+        response.result(http::status::unprocessable_entity);
+        response.body() = ApiError{422, error, "invalid_request_error", "", "invalid_config"}.to_json();
+      }
+    } else if (target == "/health") {
+      response.body() = R"({"status":"ok"})";
+    } else {
+      response.result(http::status::not_found);
+      response.body() = ApiError::unknown_path(std::string_view(target.data(), target.size())).to_json();
+    }
+    response.prepare_payload();
+    auto [write_ec, written] = co_await http::async_write(stream, response, as_tuple(use_awaitable));
+    if (write_ec || !response.keep_alive()) break;
+  }
+  error_code ignored;
+  stream.socket().shutdown(net::ip::tcp::socket::shutdown_send, ignored);
+}
+
+}  // namespace
+
+net::awaitable<void> serve_admin(Gateway& gateway, net::ip::tcp::acceptor& acceptor) {
+  for (;;) {
+    auto [ec, socket] = co_await acceptor.async_accept(as_tuple(use_awaitable));
+    if (ec == net::error::operation_aborted || !acceptor.is_open()) co_return;
+    if (ec) continue;
+    net::co_spawn(acceptor.get_executor(), serve_admin_connection(gateway, std::move(socket)),
+                  net::detached);
+  }
+}
+
+}  // namespace sluice::server

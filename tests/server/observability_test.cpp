@@ -1,0 +1,186 @@
+// What sluice tells about itself: /metrics, /admin/routes, Server-Timing,
+// the access log and trace context.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+
+#include "support/gateway_fixture.hpp"
+#include "support/http_client.hpp"
+
+namespace sluice::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+// Parses Prometheus text: every sample line is `name{labels} value`; returns
+// the samples keyed by the full series text.
+std::map<std::string, double> parse_prometheus(const std::string& text) {
+  static const std::regex sample(
+      R"(^([a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*"(,[a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*")*\})?) ([-+0-9.eEinfNa]+)$)");
+  std::map<std::string, double> samples;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line.starts_with("# HELP ") || line.starts_with("# TYPE ")) continue;
+    std::smatch match;
+    EXPECT_TRUE(std::regex_match(line, match, sample)) << "not Prometheus text: " << line;
+    if (!match.empty()) samples[match[1]] = std::stod(match[6]);
+  }
+  return samples;
+}
+
+std::map<std::string, double> scrape(TestGateway& gateway) {
+  auto response = http_request(gateway.gateway().admin_port(), "GET", "/metrics");
+  EXPECT_EQ(response.status, 200u);
+  EXPECT_NE(response.header("content-type").find("text/plain"), std::string::npos);
+  return parse_prometheus(response.body);
+}
+
+TEST(Observability, MetricsCountExactlyTheRequestsMade) {
+  mock::Behaviour behaviour;
+  behaviour.ttft = 50ms;
+  auto upstream = start_mock(behaviour);
+  TestGateway gateway("models:\n  - name: chat\n    deployments:\n" +
+                      deployment_yaml("d1", upstream->base_url()));
+  const std::string series = R"(sluice_requests_total{model="chat",deployment="d1",status="200"})";
+  auto before = scrape(gateway);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(http_request(gateway.port(), "POST", "/v1/chat/completions",
+                           chat_body("chat", i % 2 == 0))
+                  .status,
+              200u);
+  }
+  ASSERT_EQ(http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("nope", false))
+                .status,
+            404u);
+  auto after = eventually([&] { return scrape(gateway)[series] - before[series] == 3; }, 1s);
+  EXPECT_TRUE(after);
+  auto samples = scrape(gateway);
+  EXPECT_EQ(samples[series] - before[series], 3);
+  // The TTFT histogram agrees with the mock's 50 ms.
+  const std::string count = R"(sluice_ttft_seconds_count{model="chat",deployment="d1"})";
+  const std::string sum = R"(sluice_ttft_seconds_sum{model="chat",deployment="d1"})";
+  ASSERT_EQ(samples[count], 3);
+  double mean = samples[sum] / samples[count];
+  EXPECT_GE(mean, 0.045);
+  EXPECT_LT(mean, 0.25);
+  EXPECT_GT(samples["sluice_gateway_overhead_seconds_count"], 0);
+  EXPECT_EQ(samples["sluice_requests_in_flight"], 0);
+}
+
+TEST(Observability, RoutesViewShowsACooledDownDeployment) {
+  mock::Behaviour failing;
+  failing.fail = "500";
+  auto broken = start_mock(failing);
+  auto healthy = start_mock();
+  TestGateway gateway(
+      "router:\n  cooldown: {fails: 1, within: 60s, for: 30s}\n"
+      "models:\n  - name: chat\n    strategy: priority\n    deployments:\n" +
+      deployment_yaml("broken", broken->base_url()) +
+      deployment_yaml("healthy", healthy->base_url()));
+  ASSERT_EQ(
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false)).status,
+      200u);
+  auto routes = http_request(gateway.gateway().admin_port(), "GET", "/admin/routes");
+  ASSERT_EQ(routes.status, 200u);
+  auto view = json::parse(routes.body);
+  auto deployments = view["models"][0]["deployments"];
+  ASSERT_EQ(deployments.size(), 2u);
+  EXPECT_EQ(deployments[0]["id"], "broken");
+  EXPECT_EQ(deployments[0]["cooling_down"], true);
+  EXPECT_GT(deployments[0]["cooldown_remaining_ms"].get<double>(), 1000);
+  EXPECT_EQ(deployments[1]["cooling_down"], false);
+  EXPECT_EQ(deployments[1]["ttft_samples"], 1);
+  EXPECT_EQ(deployments[0]["failures_total"], 1);
+
+  auto metrics = scrape(gateway);
+  EXPECT_EQ(metrics[R"(sluice_deployment_cooldown{deployment="broken"})"], 1);
+  EXPECT_EQ(metrics[R"(sluice_deployment_cooldown{deployment="healthy"})"], 0);
+}
+
+TEST(Observability, AdminKeyProtectsTheAdminListener) {
+  auto upstream = start_mock();
+  TestGateway gateway("server:\n  listen: 127.0.0.1:0\n  admin_listen: 127.0.0.1:0\n"
+                      "  admin_key: admin-secret-1\nmodels:\n  - name: chat\n    deployments:\n" +
+                      deployment_yaml("d1", upstream->base_url()));
+  auto port = gateway.gateway().admin_port();
+  EXPECT_EQ(http_request(port, "GET", "/metrics").status, 401u);
+  EXPECT_EQ(http_request(port, "GET", "/metrics", "", {{"Authorization", "Bearer wrong"}}).status,
+            401u);
+  EXPECT_EQ(
+      http_request(port, "GET", "/metrics", "", {{"Authorization", "Bearer admin-secret-1"}}).status,
+      200u);
+}
+
+TEST(Observability, ServerTimingOnEveryResponse) {
+  mock::Behaviour behaviour;
+  behaviour.ttft = 30ms;
+  auto upstream = start_mock(behaviour);
+  TestGateway gateway("models:\n  - name: chat\n    deployments:\n" +
+                      deployment_yaml("d1", upstream->base_url()));
+  auto proxied =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
+  auto timing = proxied.header("server-timing");
+  EXPECT_NE(timing.find("gateway;dur="), std::string::npos) << timing;
+  EXPECT_NE(timing.find("upstream-connect;dur="), std::string::npos) << timing;
+  std::smatch ttfb;
+  ASSERT_TRUE(std::regex_search(timing, ttfb, std::regex(R"(upstream-ttfb;dur=([0-9.]+))")))
+      << timing;
+  EXPECT_GE(std::stod(ttfb[1]), 25.0);
+
+  auto error = http_request(gateway.port(), "POST", "/v1/chat/completions", "{bad");
+  EXPECT_NE(error.header("server-timing").find("gateway;dur="), std::string::npos);
+}
+
+TEST(Observability, AccessLogLinesForStreamedAndFailedOverRequests) {
+  mock::Behaviour failing;
+  failing.fail = "500";
+  auto broken = start_mock(failing);
+  auto healthy = start_mock();
+  TempFile log_file("", ".log");
+  TestGateway gateway("server:\n  listen: 127.0.0.1:0\n  threads: 2\nlog:\n  access_log: " +
+                      log_file.path() +
+                      "\nmodels:\n  - name: chat\n    strategy: priority\n    deployments:\n" +
+                      deployment_yaml("broken", broken->base_url()) +
+                      deployment_yaml("healthy", healthy->base_url()));
+  auto response = http_request(
+      gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true),
+      {{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}});
+  ASSERT_EQ(response.status, 200u);
+
+  // The trace goes upstream under the same trace id, as a new hop.
+  auto forwarded = healthy->recent_requests().back().header("traceparent").value_or("");
+  EXPECT_EQ(forwarded.substr(0, 36), "00-4bf92f3577b34da6a3ce929d0e0e4736-");
+  EXPECT_NE(forwarded, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+
+  std::string line;
+  ASSERT_TRUE(eventually([&] {
+    std::ifstream in(log_file.path());
+    return static_cast<bool>(std::getline(in, line)) && !line.empty();
+  }, 3s));
+  auto record = json::parse(line);
+  EXPECT_EQ(record["request_id"], response.header("x-request-id"));
+  EXPECT_EQ(record["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+  EXPECT_EQ(record["model"], "chat");
+  EXPECT_EQ(record["stream"], true);
+  EXPECT_EQ(record["status"], 200);
+  EXPECT_EQ(record["deployment"], "healthy");
+  ASSERT_EQ(record["attempts"].size(), 2u);
+  EXPECT_EQ(record["attempts"][0]["deployment"], "broken");
+  EXPECT_EQ(record["attempts"][0]["outcome"], "http_500");
+  EXPECT_EQ(record["attempts"][1]["deployment"], "healthy");
+  EXPECT_EQ(record["attempts"][1]["outcome"], "ok");
+  EXPECT_TRUE(record["ttft_ms"].is_number());
+  EXPECT_TRUE(record["total_ms"].is_number());
+  EXPECT_TRUE(record["gateway_overhead_us"].is_number());
+  EXPECT_TRUE(record.contains("gap_p50_ms"));
+  EXPECT_GT(record["bytes_out"].get<double>(), 0);
+  EXPECT_EQ(record["client_disconnected"], false);
+}
+
+}  // namespace
+}  // namespace sluice::testing
