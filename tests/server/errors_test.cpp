@@ -115,6 +115,32 @@ TEST_F(GatewayErrors, HeadersOverLimitAre431) {
   EXPECT_EQ(head.status, 431u);
 }
 
+// Framing two parsers could read differently is refused, never guessed at
+// (request smuggling).
+TEST_F(GatewayErrors, ConflictingFramingIs400) {
+  const std::string body = chat_body("chat", false);
+  for (const std::string& framing :
+       {"Content-Length: " + std::to_string(body.size()) + "\r\nTransfer-Encoding: chunked\r\n",
+        "Content-Length: " + std::to_string(body.size()) + "\r\nContent-Length: " +
+            std::to_string(body.size() + 1) + "\r\n"}) {
+    HttpConnection client(gateway_->port());
+    client.send_raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + framing + "\r\n" + body);
+    auto raw = client.read_until_close();
+    EXPECT_EQ(raw.substr(0, 12), "HTTP/1.1 400") << framing;
+  }
+  EXPECT_EQ(upstream_->stats().requests, 0u);
+}
+
+TEST_F(GatewayErrors, Http10RequestIsServedAndClosed) {
+  HttpConnection client(gateway_->port());
+  const std::string body = chat_body("chat", false);
+  client.send_raw("POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nContent-Length: " +
+                  std::to_string(body.size()) + "\r\n\r\n" + body);
+  auto raw = client.read_until_close();
+  EXPECT_EQ(raw.substr(0, 12), "HTTP/1.1 200");
+  EXPECT_NE(raw.find("chat.completion"), std::string::npos);
+}
+
 TEST_F(GatewayErrors, MalformedRequestIs400AndCloses) {
   HttpConnection client(gateway_->port());
   client.send_raw("THIS IS NOT HTTP\r\n\r\n");
