@@ -511,6 +511,9 @@ void account(RequestContext& context, bool client_gone) {
     record.completion_tokens = context.usage->completion_tokens;
   }
 
+  for (const auto& attempt : record.attempts) {
+    if (attempt.connect_ms) gateway_metrics.upstream_connections_opened.add(shard);
+  }
   gateway_metrics.gateway_overhead.observe(shard,
                                            std::chrono::duration<double>(context.gateway_time).count());
   if (client_gone) gateway_metrics.client_disconnects.add(shard);

@@ -72,6 +72,27 @@ TEST(Observability, MetricsCountExactlyTheRequestsMade) {
   EXPECT_EQ(samples["sluice_requests_in_flight"], 0);
 }
 
+TEST(Observability, RequestOverItsBudgetIsCounted) {
+  mock::Behaviour behaviour;
+  behaviour.ttft = 60ms;
+  auto upstream = start_mock(behaviour);
+  TestGateway gateway("budgets:\n  upstream_ttfb: 20ms\n  gateway: 5s\n"
+                      "models:\n  - name: chat\n    deployments:\n" +
+                      deployment_yaml("d1", upstream->base_url()));
+  // One client connection: both requests run on one worker and its pool.
+  HttpConnection client(gateway.port());
+  ASSERT_EQ(client.request("POST", "/v1/chat/completions", chat_body("chat", false)).status, 200u);
+  ASSERT_EQ(client.request("POST", "/v1/chat/completions", chat_body("chat", false)).status, 200u);
+  std::map<std::string, double> samples;
+  EXPECT_TRUE(eventually([&] {
+    samples = scrape(gateway);
+    return samples[R"(sluice_budget_exceeded_total{stage="upstream_ttfb"})"] == 2;
+  }, 1s));
+  EXPECT_EQ(samples[R"(sluice_budget_exceeded_total{stage="gateway"})"], 0);
+  // One upstream connection served both requests.
+  EXPECT_EQ(samples["sluice_upstream_connections_opened_total"], 1);
+}
+
 TEST(Observability, RoutesViewShowsACooledDownDeployment) {
   mock::Behaviour failing;
   failing.fail = "500";
