@@ -125,7 +125,9 @@ TEST_P(Failover, ToHealthyDeploymentGivesFullStream) {
   EXPECT_EQ(response.header("x-sluice-deployment"), "healthy");
   EXPECT_EQ(response.header("x-sluice-attempts"), "2");
   EXPECT_EQ(sse_data(response.body).back(), "[DONE]");
-  if (broken) EXPECT_EQ(broken->stats().requests, 1u);
+  if (broken) {
+    EXPECT_EQ(broken->stats().requests, 1u);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, Failover, ::testing::Values("500", "429", "refused", "ttft"));
