@@ -4,9 +4,7 @@
 
 #include "mock/mock_server.hpp"
 
-#include <poll.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <openssl/evp.h>
@@ -33,6 +31,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "support/child_process.hpp"
 
 namespace {
 
@@ -598,6 +598,16 @@ TEST(MockServer, ScriptedErrorStatusesFollowOpenAiConventions) {
   EXPECT_EQ(rejected.result_int(), 400);
   EXPECT_EQ(Json::parse(rejected.body())["error"]["type"], "invalid_request_error");
 
+  // Like OpenAI's, the 401 quotes the key it was sent.
+  const Response unauthorized =
+      client.post("/v1/chat/completions", chat_body(),
+                  {{"x-mock-fail", "401"}, {"Authorization", "Bearer sk-quoted-123"}});
+  EXPECT_EQ(unauthorized.result_int(), 401);
+  const Json unauthorized_error = Json::parse(unauthorized.body())["error"];
+  EXPECT_EQ(unauthorized_error["code"], "invalid_api_key");
+  EXPECT_NE(unauthorized_error["message"].get<std::string>().find("sk-quoted-123"),
+            std::string::npos);
+
   // A streaming request fails the same way, with a JSON error instead of a stream.
   const Response stream_error =
       client.post("/v1/chat/completions", chat_body("m", true), {{"x-mock-fail", "500"}});
@@ -1000,99 +1010,27 @@ TEST(MockServer, StopClosesOpenConnectionsAndIsIdempotent) {
 // The sluice-mock executable (its path comes from the build; skipped when run
 // outside ctest without SLUICE_MOCK_BINARY).
 
-struct Child {
-  pid_t pid = -1;
-  int stdout_fd = -1;
-  int stderr_fd = -1;
-};
+using sluice::testing::built_binary;
+using sluice::testing::ChildProcess;
 
-Child spawn(const std::string& binary, std::vector<std::string> arguments) {
-  int out[2];
-  int err[2];
-  if (pipe(out) != 0 || pipe(err) != 0) return {};
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    dup2(err[1], STDERR_FILENO);
-    close(out[0]);
-    close(err[0]);
-    std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(binary.c_str()));
-    for (auto& argument : arguments) argv.push_back(argument.data());
-    argv.push_back(nullptr);
-    execv(binary.c_str(), argv.data());
-    _exit(127);
-  }
-  close(out[1]);
-  close(err[1]);
-  return {pid, out[0], err[0]};
-}
-
-// Reads one line from `fd`, giving up after `timeout`.
-std::string read_line(int fd, std::chrono::milliseconds timeout) {
-  std::string line;
-  const auto deadline = Clock::now() + timeout;
-  while (Clock::now() < deadline) {
-    pollfd readable{fd, POLLIN, 0};
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (poll(&readable, 1, static_cast<int>(std::max<long>(1, left.count()))) <= 0) continue;
-    char c;
-    if (read(fd, &c, 1) != 1) break;
-    if (c == '\n') return line;
-    line += c;
-  }
-  return line;
-}
-
-// Waits for the child to exit; -1 if it is still running after `timeout`
-// (it is then killed).
-int wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  int status = 0;
-  while (Clock::now() < deadline) {
-    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
-    std::this_thread::sleep_for(5ms);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, &status, 0);
-  return -1;
-}
-
-// SLUICE_MOCK_BINARY, or else the executable where the build puts it
-// relative to this test binary (build/tests/ and build/tools/mock/).
 std::optional<std::string> mock_binary() {
-  if (const char* configured = std::getenv("SLUICE_MOCK_BINARY")) return std::string(configured);
-  char self[4096];
-  const ssize_t length = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (length <= 0) return std::nullopt;
-  std::string path(self, static_cast<std::size_t>(length));
-  path = path.substr(0, path.rfind('/'));
-  path = path.substr(0, path.rfind('/')) + "/tools/mock/sluice-mock";
-  if (access(path.c_str(), X_OK) != 0) return std::nullopt;
-  return path;
+  return built_binary("SLUICE_MOCK_BINARY", "tools/mock/sluice-mock");
 }
 
 TEST(MockBinary, PrintsTheListeningLineServesAndExitsCleanlyOnSigterm) {
   const auto binary = mock_binary();
   if (!binary) GTEST_SKIP() << "sluice-mock not found; set SLUICE_MOCK_BINARY";
-  Child child = spawn(*binary, {"--listen", "127.0.0.1:0", "--tokens", "2", "--ttft", "0"});
-  ASSERT_GT(child.pid, 0);
-  const std::string line = read_line(child.stdout_fd, 5s);
-  const std::string prefix = "sluice-mock listening on http://127.0.0.1:";
-  ASSERT_TRUE(line.starts_with(prefix)) << line;
-  const int port = std::stoi(line.substr(prefix.size()));
-  ASSERT_GT(port, 0);
+  ChildProcess child(*binary, {"--listen", "127.0.0.1:0", "--tokens", "2", "--ttft", "0"});
+  const auto port = child.wait_for_listening_port("sluice-mock listening on http://127.0.0.1:", 5s);
+  ASSERT_TRUE(port) << child.standard_output() << child.standard_error();
 
-  TestClient client(static_cast<std::uint16_t>(port));
+  TestClient client(*port);
   const Response response = client.post("/v1/chat/completions", chat_body());
   EXPECT_EQ(response.result_int(), 200);
   EXPECT_EQ(Json::parse(response.body())["choices"][0]["message"]["content"], "tok0 tok1 ");
 
-  kill(child.pid, SIGTERM);
-  EXPECT_EQ(wait_exit(child.pid, 5s), 0);
-  close(child.stdout_fd);
-  close(child.stderr_fd);
+  child.signal(SIGTERM);
+  EXPECT_EQ(child.wait_exit(5s), 0);
 }
 
 TEST(MockBinary, BadArgumentsExitWithCode2) {
@@ -1100,12 +1038,9 @@ TEST(MockBinary, BadArgumentsExitWithCode2) {
   if (!binary) GTEST_SKIP() << "sluice-mock not found; set SLUICE_MOCK_BINARY";
   for (const auto& arguments : std::vector<std::vector<std::string>>{
            {"--fail", "sometimes"}, {"--ttft", "soon"}, {"--listen", "nowhere"}, {"--what"}}) {
-    Child child = spawn(*binary, arguments);
-    ASSERT_GT(child.pid, 0);
-    EXPECT_EQ(wait_exit(child.pid, 5s), 2) << arguments.front();
-    EXPECT_FALSE(read_line(child.stderr_fd, 1s).empty()) << arguments.front();
-    close(child.stdout_fd);
-    close(child.stderr_fd);
+    ChildProcess child(*binary, arguments);
+    EXPECT_EQ(child.wait_exit(5s), 2) << arguments.front();
+    EXPECT_FALSE(child.standard_error().empty()) << arguments.front();
   }
 }
 

@@ -35,7 +35,7 @@ embeddings, responses, models) whose timing and failures are scripted.
   --ttft-per-token DUR   extra first-token delay per prompt token (default 0)
   --interval DUR         gap between stream events (default 0)
   --tokens N             tokens per completion (default 8)
-  --fail MODE            400|500|503|429|context|stall|stall-mid|reset|reset-mid|
+  --fail MODE            400|401|500|503|429|context|stall|stall-mid|reset|reset-mid|
                          garbage|truncate|endless|drip (default: none)
   --fail-rate X          probability in [0,1] that --fail applies (default 1)
   --stall DUR            how long stall modes sleep (default 60s)

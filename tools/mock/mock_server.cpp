@@ -180,6 +180,7 @@ void append_token(std::string& out, std::size_t index) {
 enum class FailMode {
   none,
   bad_request,
+  unauthorized,
   server_error,
   unavailable,
   rate_limited,
@@ -198,6 +199,7 @@ std::optional<FailMode> parse_fail_mode(std::string_view mode) {
   static constexpr std::pair<std::string_view, FailMode> kModes[] = {
       {"", FailMode::none},
       {"400", FailMode::bad_request},
+      {"401", FailMode::unauthorized},
       {"500", FailMode::server_error},
       {"503", FailMode::unavailable},
       {"429", FailMode::rate_limited},
@@ -395,6 +397,7 @@ struct Plan {
   bool include_usage = false;
   bool embeddings_base64 = false;
   std::string model_json;  // the request's model, already a quoted JSON string
+  std::string presented_key;  // from Authorization: Bearer, quoted back by a 401
   std::uint64_t prompt_tokens = 1;
   std::uint64_t serial = 0;
   std::int64_t created = 0;
@@ -877,6 +880,12 @@ std::variant<Plan, Reply> make_plan(Endpoint endpoint, const Request& request, S
   auto fail = parse_fail_mode(plan.behaviour.fail);
   if (!fail) return invalid_request("unknown failure mode '" + plan.behaviour.fail + "'");
   if (*fail != FailMode::none && state.roll_failure(plan.behaviour.fail_rate)) plan.fail = *fail;
+  if (plan.fail == FailMode::unauthorized) {
+    auto authorization = to_std(request.base()[http::field::authorization]);
+    constexpr std::string_view kBearer = "Bearer ";
+    if (authorization.starts_with(kBearer)) authorization.remove_prefix(kBearer.size());
+    plan.presented_key = std::string(authorization);
+  }
 
   auto required = [&](const char* field) { return body.contains(field); };
   switch (endpoint) {
@@ -947,6 +956,14 @@ std::optional<Reply> failure_reply(const Plan& plan) {
   switch (plan.fail) {
     case FailMode::bad_request:
       return invalid_request("Mock failure: the request was rejected (x-mock-fail: 400).");
+    case FailMode::unauthorized:
+      // As OpenAI does, the message quotes the key it was given: an upstream
+      // error body can carry a secret.
+      return Reply{401,
+                   error_body("Incorrect API key provided: " + plan.presented_key +
+                                  ". You can find your API key at "
+                                  "https://platform.openai.com/account/api-keys.",
+                              "invalid_request_error", {}, "invalid_api_key")};
     case FailMode::server_error:
       return Reply{500, error_body("The server had an error while processing your request. "
                                    "Sorry about that!",

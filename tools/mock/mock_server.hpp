@@ -29,7 +29,7 @@ struct Behaviour {
   std::chrono::milliseconds interval{0};
   // x-mock-tokens: content tokens in the completion.
   unsigned tokens = 8;
-  // x-mock-fail: "" | 400 | 500 | 503 | 429 | context | stall | stall-mid |
+  // x-mock-fail: "" | 400 | 401 | 500 | 503 | 429 | context | stall | stall-mid |
   // reset | reset-mid | garbage | truncate | endless | drip
   std::string fail;
   // x-mock-stall-ms: how long "stall" and "stall-mid" sleep.
