@@ -627,6 +627,7 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
     }
     auto admission = auth.admit({presented_key.value_or(""), "", 0, Clock::now()});
     admission.append_headers(context.response_fields);
+    context.key = admission.key;
     if (!admission.allowed()) co_return co_await respond_error(context, *admission.error);
     bool keep = co_await respond_json(context, 200, models_for(context, admission.key));
     auth.complete(admission, std::nullopt, Clock::now());
@@ -653,14 +654,16 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
                                auth::estimate_tokens(body.size(), inspected->max_tokens),
                                Clock::now()});
   admission.append_headers(context.response_fields);
-  if (!admission.allowed()) co_return co_await respond_error(context, *admission.error);
+  // Refused requests are logged with the key and model too: a 429 is worth
+  // little to an operator without knowing whose.
   context.key = admission.key;
+  context.record.model = model_name;
+  if (!admission.allowed()) co_return co_await respond_error(context, *admission.error);
   context.model = context.snapshot->config->find_model(model_name);
   if (!context.model) {
     co_return co_await respond_error(context, ApiError::model_not_found(model_name));
   }
   context.stream = inspected->stream;
-  context.record.model = model_name;
 
   ProxyInputs inputs;
   inputs.endpoint = *endpoint;
@@ -706,9 +709,11 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
   stream::ClientWatch watch(context.client, context.client_buffer);
   watch.start();
   bool keep = co_await proxy(context, inputs, watch);
+  // Settled as soon as the response has ended, before anything else can
+  // suspend: the client may already be sending its next request.
+  auth.complete(admission, context.usage_tokens, Clock::now());
   co_await watch.stop();
   context.client_gone = watch.client_gone();
-  auth.complete(admission, context.usage_tokens, Clock::now());
   co_return keep && !watch.client_gone();
 }
 

@@ -1,0 +1,162 @@
+// The sluice executable as operators run it: what it writes to its logs, and
+// how it answers SIGHUP and SIGTERM.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
+
+#include "support/child_process.hpp"
+#include "support/gateway_fixture.hpp"
+#include "support/http_client.hpp"
+
+namespace sluice::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+constexpr const char* kListeningPrefix = "sluice listening on http://";
+
+std::string sluice_binary() {
+  auto binary = built_binary("SLUICE_BINARY", "src/sluice");
+  return binary.value_or("");
+}
+
+Headers bearer(const std::string& key) { return {{"Authorization", "Bearer " + key}}; }
+
+// Every secret below is distinctive enough that finding it anywhere in the
+// output can only mean it leaked.
+TEST(SluiceBinary, KeyMaterialNeverAppearsInItsLogs) {
+  const std::string binary = sluice_binary();
+  if (binary.empty()) GTEST_SKIP() << "sluice binary not found; set SLUICE_BINARY";
+  const std::string team_a_key = "sk-team-a-Qv7Zr2Lm9Xw4";
+  const std::string team_b_key = "sk-team-b-Hy3Kd8Np5Tc1";
+  const std::string wrong_key = team_a_key + "x";
+  const std::string upstream_key = "sk-upstream-Jf6Wb0Rs4Ge8";
+  auto upstream = start_mock();
+
+  TempFile config(
+      "server:\n  listen: 127.0.0.1:0\n  admin_listen: off\n  threads: 2\n"
+      "log:\n  level: trace\n  access_log: stderr\n  format: json\n"
+      "auth:\n  keys:\n"
+      "    - name: team-a\n      key: ${TEAM_A_KEY}\n      tpm: 100000\n"
+      "    - name: team-b\n      key: ${TEAM_B_KEY}\n      models: [chat]\n      rpm: 2\n"
+      "models:\n"
+      "  - name: chat\n    deployments:\n" +
+          deployment_yaml("ok", upstream->base_url(), "        api_key: ${UPSTREAM_KEY}\n") +
+          "  - name: leaky\n    deployments:\n" +
+          deployment_yaml("rejects-key", upstream->base_url(),
+                          "        api_key: ${UPSTREAM_KEY}\n"
+                          "        headers: {x-mock-fail: \"401\"}\n"),
+      ".yaml");
+  ChildProcess sluice(
+      binary, {"--config", config.path()},
+      {{"TEAM_A_KEY", team_a_key}, {"TEAM_B_KEY", team_b_key}, {"UPSTREAM_KEY", upstream_key}});
+  auto port = sluice.wait_for_listening_port(kListeningPrefix, 10s);
+  ASSERT_TRUE(port) << sluice.standard_error();
+
+  auto chat = [&](const Headers& headers, const std::string& model, bool stream = false) {
+    return http_request(*port, "POST", "/v1/chat/completions", chat_body(model, stream), headers);
+  };
+  EXPECT_EQ(chat(bearer(team_a_key), "chat").status, 200u);
+  auto streamed = chat(bearer(team_a_key), "chat", true);
+  EXPECT_EQ(streamed.status, 200u);
+  EXPECT_EQ(sse_data(streamed.body).back(), "[DONE]");
+  EXPECT_EQ(chat({{"x-api-key", team_a_key}}, "chat").status, 200u);
+  EXPECT_EQ(chat({{"api-key", team_b_key}}, "chat").status, 200u);
+  EXPECT_EQ(chat(bearer(wrong_key), "chat").status, 401u);
+  EXPECT_EQ(chat({{"Authorization", "Basic " + team_a_key}}, "chat").status, 401u);
+  EXPECT_EQ(chat(bearer(team_b_key), "leaky").status, 404u);  // not on team-b's list
+  EXPECT_EQ(chat(bearer(team_b_key), "chat").status, 200u);
+  EXPECT_EQ(chat(bearer(team_b_key), "chat").status, 429u);  // rpm 2 spent
+  EXPECT_EQ(http_request(*port, "GET", "/v1/models", "", bearer(team_a_key)).status, 200u);
+
+  // The upstream rejects its key and quotes it, as OpenAI does; the client
+  // gets the error without the quote.
+  auto rejected = chat(bearer(team_a_key), "leaky");
+  EXPECT_EQ(rejected.status, 401u);
+  EXPECT_EQ(rejected.body.find(upstream_key), std::string::npos) << rejected.body;
+  EXPECT_NE(rejected.body.find("Incorrect API key"), std::string::npos) << rejected.body;
+
+  // Nothing the clients presented went upstream; the upstream's key did.
+  for (const auto& seen : upstream->recent_requests()) {
+    for (const auto& [name, value] : seen.headers) {
+      EXPECT_EQ(value.find(team_a_key), std::string::npos) << name;
+      EXPECT_EQ(value.find(team_b_key), std::string::npos) << name;
+    }
+    EXPECT_EQ(seen.header("authorization").value_or(""), "Bearer " + upstream_key);
+  }
+
+  sluice.signal(SIGTERM);
+  ASSERT_EQ(sluice.wait_exit(10s), 0);
+  const std::string logs = sluice.standard_output() + sluice.standard_error();
+  // The logs were written, and name the keys by their names...
+  EXPECT_NE(logs.find("\"key\":\"team-a\""), std::string::npos) << logs;
+  EXPECT_NE(logs.find("\"key\":\"team-b\""), std::string::npos) << logs;
+  // A refused request is logged with whose key it was.
+  EXPECT_NE(logs.find("\"key\":\"team-b\",\"model\":\"chat\",\"stream\":false,\"status\":429"),
+            std::string::npos)
+      << logs;
+  // ...and never by their secrets, whole or in part.
+  for (const auto& secret : {team_a_key, team_b_key, wrong_key, upstream_key}) {
+    const std::string distinctive = secret.substr(secret.size() - 12);
+    EXPECT_EQ(logs.find(distinctive), std::string::npos) << "leaked " << distinctive << "\n"
+                                                         << logs;
+  }
+}
+
+TEST(SluiceBinary, SighupReloadsAndSigtermDrainsStreamsThenExitsZero) {
+  const std::string binary = sluice_binary();
+  if (binary.empty()) GTEST_SKIP() << "sluice binary not found; set SLUICE_BINARY";
+  mock::Behaviour slow_stream;
+  slow_stream.interval = 40ms;
+  slow_stream.tokens = 10;
+  auto upstream = start_mock(slow_stream);
+  auto config_text = [&](const std::string& model) {
+    return "server:\n  listen: 127.0.0.1:0\n  admin_listen: off\n  drain_timeout: 5s\n"
+           "log:\n  access_log: off\nauth:\n  disabled: true\n"
+           "models:\n  - name: " +
+           model + "\n    deployments:\n" + deployment_yaml("d1", upstream->base_url());
+  };
+  TempFile config(config_text("first"), ".yaml");
+  ChildProcess sluice(binary, {"--config", config.path()});
+  auto port = sluice.wait_for_listening_port(kListeningPrefix, 10s);
+  ASSERT_TRUE(port) << sluice.standard_error();
+  auto status_of = [&](const std::string& model) {
+    return http_request(*port, "POST", "/v1/chat/completions", chat_body(model, false)).status;
+  };
+  ASSERT_EQ(status_of("first"), 200u);
+  ASSERT_EQ(status_of("second"), 404u);
+
+  std::ofstream(config.path()) << config_text("second");
+  sluice.signal(SIGHUP);
+  EXPECT_TRUE(eventually([&] { return status_of("second") == 200u; }, 5s));
+  EXPECT_EQ(status_of("first"), 404u);
+
+  // An invalid file is refused and the running config keeps serving.
+  std::ofstream(config.path()) << "models: [this is not a model list\n";
+  sluice.signal(SIGHUP);
+  EXPECT_TRUE(eventually(
+      [&] { return sluice.standard_error().find("config reload rejected") != std::string::npos; },
+      5s))
+      << sluice.standard_error();
+  EXPECT_EQ(status_of("second"), 200u);
+
+  // SIGTERM while a stream is in flight: it runs to its end, then the
+  // process exits with 0.
+  HttpConnection streaming(*port);
+  streaming.send("POST", "/v1/chat/completions", chat_body("second", true));
+  ASSERT_EQ(streaming.read_head().status, 200u);
+  sluice.signal(SIGTERM);
+  auto events = sse_data(streaming.read_rest_of_body());
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back(), "[DONE]");
+  EXPECT_GE(events.size(), 10u + 1u);  // every token, then [DONE]
+  EXPECT_EQ(sluice.wait_exit(10s), 0);
+}
+
+}  // namespace
+}  // namespace sluice::testing
