@@ -10,9 +10,8 @@ class Scanner {
   explicit Scanner(std::string_view text) : text_(text) {}
 
   void skip_whitespace() {
-    while (pos_ < text_.size() &&
-           (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\n' ||
-            text_[pos_] == '\r')) {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' ||
+                                   text_[pos_] == '\n' || text_[pos_] == '\r')) {
       ++pos_;
     }
   }
@@ -73,9 +72,9 @@ class Scanner {
     }
     // number, true, false, null
     std::size_t start = pos_;
-    while (pos_ < text_.size() && text_[pos_] != ',' && text_[pos_] != '}' &&
-           text_[pos_] != ']' && text_[pos_] != ' ' && text_[pos_] != '\n' &&
-           text_[pos_] != '\r' && text_[pos_] != '\t') {
+    while (pos_ < text_.size() && text_[pos_] != ',' && text_[pos_] != '}' && text_[pos_] != ']' &&
+           text_[pos_] != ' ' && text_[pos_] != '\n' && text_[pos_] != '\r' &&
+           text_[pos_] != '\t') {
       ++pos_;
     }
     return pos_ > start;
@@ -91,36 +90,55 @@ class Scanner {
 
 }  // namespace
 
-std::optional<ValueSpan> find_top_level_value(std::string_view json, std::string_view key) {
+bool for_each_top_level_member(std::string_view json,
+                               const std::function<void(std::string_view, ValueSpan)>& visit) {
   Scanner scanner(json);
-  if (!scanner.consume('{')) return std::nullopt;
-  std::optional<ValueSpan> found;
-  if (scanner.consume('}')) return std::nullopt;
+  if (!scanner.consume('{')) return false;
+  if (scanner.consume('}')) return true;
   for (;;) {
-    if (!scanner.at('"')) return std::nullopt;
+    if (!scanner.at('"')) return false;
     std::size_t key_begin = scanner.pos() + 1;
-    if (!scanner.skip_string()) return std::nullopt;
-    std::string_view this_key = json.substr(key_begin, scanner.pos() - 1 - key_begin);
-    if (!scanner.consume(':')) return std::nullopt;
+    if (!scanner.skip_string()) return false;
+    std::string_view key = json.substr(key_begin, scanner.pos() - 1 - key_begin);
+    if (!scanner.consume(':')) return false;
     scanner.skip_whitespace();
     std::size_t value_begin = scanner.pos();
-    if (!scanner.skip_value()) return std::nullopt;
-    if (this_key == key) found = ValueSpan{value_begin, scanner.pos()};
+    if (!scanner.skip_value()) return false;
+    visit(key, ValueSpan{value_begin, scanner.pos()});
     if (scanner.consume(',')) continue;
-    if (scanner.consume('}')) return found;
-    return std::nullopt;
+    return scanner.consume('}');
   }
+}
+
+std::optional<ValueSpan> find_top_level_value(std::string_view json, std::string_view key) {
+  std::optional<ValueSpan> found;
+  bool well_formed =
+      for_each_top_level_member(json, [&](std::string_view this_key, ValueSpan value) {
+        if (this_key == key) found = value;
+      });
+  if (!well_formed) return std::nullopt;
+  return found;
 }
 
 void append_json_string(std::string& out, std::string_view text) {
   out.push_back('"');
   for (char c : text) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char escaped[8];

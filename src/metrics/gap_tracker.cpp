@@ -6,7 +6,7 @@
 
 namespace sluice::metrics {
 
-GapTracker::GapTracker(std::uint64_t seed) : random_state_(seed == 0 ? 1 : seed) {}
+GapTracker::GapTracker(std::uint64_t seed) : random_(seed) {}
 
 void GapTracker::on_event(TimePoint now) {
   if (previous_event_) {
@@ -54,12 +54,6 @@ std::optional<Clock::duration> GapTracker::max() const {
   return max_gap_;
 }
 
-std::uint64_t GapTracker::next_random() {
-  // xorshift64*: plenty for choosing reservoir slots.
-  random_state_ ^= random_state_ >> 12;
-  random_state_ ^= random_state_ << 25;
-  random_state_ ^= random_state_ >> 27;
-  return random_state_ * 0x2545f4914f6cdd1dULL;
-}
+std::uint64_t GapTracker::next_random() { return random_(); }
 
 }  // namespace sluice::metrics

@@ -25,7 +25,7 @@ bool same_upstream(const config::Deployment& a, const config::Deployment& b) {
          a.upstream_model == b.upstream_model;
 }
 
-const config::Deployment* pick_uniform(const Deployments& among, std::mt19937_64& random) {
+const config::Deployment* pick_uniform(const Deployments& among, RandomBits& random) {
   if (among.size() == 1) return among.front();
   std::uniform_int_distribution<std::size_t> index(0, among.size() - 1);
   return among[index(random)];
@@ -103,14 +103,13 @@ DeploymentState* Router::state(const std::string& deployment_id) const {
 
 const config::Deployment* Router::choose(const config::Model& group, bool stream,
                                          const std::vector<const config::Deployment*>& exclude,
-                                         TimePoint now, std::mt19937_64& random) const {
+                                         TimePoint now, RandomBits& random) const {
   return choose_among(group, stream, exclude, now, random, /*allow_cooling=*/true).deployment;
 }
 
 Router::Choice Router::choose_among(const config::Model& group, bool stream,
                                     const std::vector<const config::Deployment*>& exclude,
-                                    TimePoint now, std::mt19937_64& random,
-                                    bool allow_cooling) const {
+                                    TimePoint now, RandomBits& random, bool allow_cooling) const {
   Deployments candidates;
   candidates.reserve(group.deployments.size());
   const config::Deployment* soonest = nullptr;

@@ -1,5 +1,6 @@
 #include "sluice/server/gateway.hpp"
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -9,7 +10,6 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <spdlog/spdlog.h>
 
 #include "sluice/server/admin.hpp"
 #include "sluice/server/session.hpp"
@@ -46,7 +46,7 @@ Worker::Worker(Gateway& gateway, unsigned index)
       pool_(upstream::PoolOptions{gateway.snapshot()->config->upstream.max_idle_per_origin,
                                   gateway.snapshot()->config->upstream.idle_expiry}),
       client_(upstream::ClientDeps{pool_, gateway.dns(), gateway.tls()}),
-      random_state_(std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32) | 1) {}
+      random_(std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32)) {}
 
 Worker::~Worker() {
   context_.stop();
@@ -63,13 +63,7 @@ void Worker::close_idle_connections() {
   }
 }
 
-std::uint64_t Worker::next_random() {
-  // xorshift64*: per-worker, so no shared state on the request path.
-  random_state_ ^= random_state_ >> 12;
-  random_state_ ^= random_state_ << 25;
-  random_state_ ^= random_state_ >> 27;
-  return random_state_ * 2685821657736338717ULL;
-}
+std::uint64_t Worker::next_random() { return random_(); }
 
 namespace {
 unsigned thread_count(const config::Config& config) { return std::max(1u, config.server.threads); }
@@ -77,8 +71,8 @@ unsigned thread_count(const config::Config& config) { return std::max(1u, config
 metrics::AccessLogOptions access_log_options(const config::Config& config) {
   metrics::AccessLogOptions options;
   options.destination = config.log.access_log;
-  options.format = config.log.format == "text" ? metrics::AccessLogFormat::text
-                                               : metrics::AccessLogFormat::json;
+  options.format =
+      config.log.format == "text" ? metrics::AccessLogFormat::text : metrics::AccessLogFormat::json;
   return options;
 }
 }  // namespace
@@ -91,8 +85,10 @@ Gateway::Gateway(config::ConfigPtr config)
   sources.upstream_connections = [this] {
     metrics::UpstreamConnectionCounts counts;
     for (auto& worker : workers_) {
-      counts.idle += static_cast<std::uint64_t>(std::max<std::int64_t>(0, worker->pool().counters().idle.load()));
-      counts.active += static_cast<std::uint64_t>(std::max<std::int64_t>(0, worker->pool().counters().active.load()));
+      counts.idle += static_cast<std::uint64_t>(
+          std::max<std::int64_t>(0, worker->pool().counters().idle.load()));
+      counts.active += static_cast<std::uint64_t>(
+          std::max<std::int64_t>(0, worker->pool().counters().active.load()));
     }
     return counts;
   };
@@ -137,8 +133,7 @@ net::awaitable<void> accept_connections(Gateway& gateway, tcp::acceptor& accepto
   std::size_t next = 0;
   for (;;) {
     auto& worker = *workers[next++ % workers.size()];
-    auto [ec, socket] =
-        co_await acceptor.async_accept(worker.context(), as_tuple(use_awaitable));
+    auto [ec, socket] = co_await acceptor.async_accept(worker.context(), as_tuple(use_awaitable));
     if (ec == net::error::operation_aborted || !acceptor.is_open() || gateway.draining()) co_return;
     if (ec) {
       // Out of descriptors or a connection reset while queued: pause briefly
@@ -162,7 +157,8 @@ net::awaitable<void> sweep_idle_connections(Worker& worker) {
   net::steady_timer timer(worker.context());
   for (;;) {
     auto expiry = worker.pool().options().idle_expiry;
-    timer.expires_after(std::max<std::chrono::milliseconds>(expiry / 2, std::chrono::milliseconds(250)));
+    timer.expires_after(
+        std::max<std::chrono::milliseconds>(expiry / 2, std::chrono::milliseconds(250)));
     auto [ec] = co_await timer.async_wait(as_tuple(use_awaitable));
     if (ec) co_return;
     worker.pool().close_expired(Clock::now());

@@ -32,16 +32,18 @@ std::optional<Usage> usage_from_json_tail(std::string_view tail) {
   for (std::size_t i = open; i < tail.size(); ++i) {
     char c = tail[i];
     if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
       continue;
     }
-    if (c == '"') in_string = true;
-    else if (c == '{') ++depth;
+    if (c == '"')
+      in_string = true;
+    else if (c == '{')
+      ++depth;
     else if (c == '}' && --depth == 0) {
-      std::string wrapped = "{\"usage\":";
-      wrapped.append(tail.substr(open, i + 1 - open)).append("}");
-      return usage_from_json_body(wrapped);
+      return usage_from_usage_object(tail.substr(open, i + 1 - open));
     }
   }
   return std::nullopt;
@@ -78,9 +80,8 @@ constexpr std::string_view kLastChunk = "0\r\n\r\n";
 
 }  // namespace
 
-net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange,
-                                        std::string_view head_fields, bool keep_alive,
-                                        RelayOptions options) {
+net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::string_view head_fields,
+                                        bool keep_alive, RelayOptions options) {
   RelayOutcome outcome;
   const bool event_stream = exchange.is_event_stream();
   const auto content_length = exchange.content_length();
@@ -207,4 +208,3 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange,
 }
 
 }  // namespace sluice::stream
-

@@ -1,8 +1,11 @@
 #include "sluice/stream/sse_scanner.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <nlohmann/json.hpp>
+
+#include "sluice/common/json_scan.hpp"
 
 namespace sluice::stream {
 
@@ -48,25 +51,52 @@ bool has_object_valued_key(std::string_view text, std::string_view quoted_key) {
   return false;
 }
 
-std::optional<std::uint64_t> token_count(const json& usage, const char* name) {
-  auto it = usage.find(name);
-  if (it == usage.end() || !it->is_number_unsigned()) return std::nullopt;
-  return it->get<std::uint64_t>();
-}
+// The counters a usage object may carry, under the Chat Completions names
+// and the Responses API's.
+struct UsageCounts {
+  std::optional<std::uint64_t> prompt, input, completion, output, total;
+
+  std::optional<std::uint64_t>* slot(std::string_view name) {
+    if (name == "prompt_tokens") return &prompt;
+    if (name == "input_tokens") return &input;
+    if (name == "completion_tokens") return &completion;
+    if (name == "output_tokens") return &output;
+    if (name == "total_tokens") return &total;
+    return nullptr;
+  }
+
+  std::optional<Usage> to_usage() const {
+    auto prompt_count = prompt ? prompt : input;
+    auto completion_count = completion ? completion : output;
+    if (!prompt_count && !completion_count && !total) return std::nullopt;
+    Usage result;
+    result.prompt_tokens = prompt_count.value_or(0);
+    result.completion_tokens = completion_count.value_or(0);
+    result.total_tokens = total.value_or(result.prompt_tokens + result.completion_tokens);
+    return result;
+  }
+};
 
 std::optional<Usage> usage_fields(const json& usage) {
   if (!usage.is_object()) return std::nullopt;
-  auto prompt = token_count(usage, "prompt_tokens");
-  if (!prompt) prompt = token_count(usage, "input_tokens");
-  auto completion = token_count(usage, "completion_tokens");
-  if (!completion) completion = token_count(usage, "output_tokens");
-  auto total = token_count(usage, "total_tokens");
-  if (!prompt && !completion && !total) return std::nullopt;
-  Usage result;
-  result.prompt_tokens = prompt.value_or(0);
-  result.completion_tokens = completion.value_or(0);
-  result.total_tokens = total.value_or(result.prompt_tokens + result.completion_tokens);
-  return result;
+  UsageCounts counts;
+  for (const char* name :
+       {"prompt_tokens", "input_tokens", "completion_tokens", "output_tokens", "total_tokens"}) {
+    auto it = usage.find(name);
+    if (it != usage.end() && it->is_number_unsigned())
+      *counts.slot(name) = it->get<std::uint64_t>();
+  }
+  return counts.to_usage();
+}
+
+// A JSON number that is a non-negative integer within 64 bits, as
+// nlohmann's is_number_unsigned() would say of it.
+std::optional<std::uint64_t> unsigned_integer(std::string_view text) {
+  if (text.empty() || (text.size() > 1 && text[0] == '0')) return std::nullopt;
+  std::uint64_t value = 0;
+  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc{} || end != text.data() + text.size()) return std::nullopt;
+  return value;
 }
 
 // A "usage" of the object itself wins over nested ones.
@@ -474,6 +504,18 @@ void SseScanner::reset_block() {
   data_in_buffer_ = false;
   data_.clear();
   event_type_length_ = 0;
+}
+
+std::optional<Usage> usage_from_usage_object(std::string_view usage_object) {
+  const auto text = trim_json_space(usage_object);
+  UsageCounts counts;
+  bool well_formed = for_each_top_level_member(text, [&](std::string_view key, ValueSpan value) {
+    if (auto* slot = counts.slot(key)) {
+      *slot = unsigned_integer(text.substr(value.begin, value.end - value.begin));
+    }
+  });
+  if (!well_formed) return std::nullopt;
+  return counts.to_usage();
 }
 
 std::optional<Usage> usage_from_json_body(std::string_view body) {

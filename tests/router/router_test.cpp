@@ -61,7 +61,7 @@ struct Fixture {
   void samples(const std::string& id, milliseconds latency, TimePoint at, int count = 5) {
     for (int i = 0; i < count; ++i) state(id).ttft.add(latency, at);
   }
-  std::string choose(TimePoint now, std::mt19937_64& random, bool stream = true,
+  std::string choose(TimePoint now, RandomBits& random, bool stream = true,
                      const std::vector<const config::Deployment*>& exclude = {}) const {
     const auto* chosen = router.choose(group(), stream, exclude, now, random);
     return chosen == nullptr ? "" : chosen->id;
@@ -109,7 +109,7 @@ TEST(RouterLatency, UnsampledDeploymentsComeFirst) {
   Fixture f(config::Strategy::latency, deployments({"measured", "new"}));
   f.samples("measured", 1ms, kBase);
   for (std::uint64_t seed = 0; seed < 100; ++seed) {
-    std::mt19937_64 random(seed);
+    RandomBits random(seed);
     ASSERT_EQ(f.choose(kBase, random), "new");
   }
 }
@@ -118,7 +118,7 @@ TEST(RouterLatency, UnsampledAreChosenAtRandom) {
   Fixture f(config::Strategy::latency, deployments({"a", "b", "c"}));
   std::map<std::string, int> picks;
   for (std::uint64_t seed = 0; seed < 300; ++seed) {
-    std::mt19937_64 random(seed);
+    RandomBits random(seed);
     ++picks[f.choose(kBase, random)];
   }
   EXPECT_GT(picks["a"], 50);
@@ -136,7 +136,7 @@ TEST(RouterLatency, BufferSpreadsLoadBetweenNearEqualDeployments) {
 
   std::map<std::string, int> picks;
   for (std::uint64_t seed = 0; seed < 400; ++seed) {
-    std::mt19937_64 random(seed);
+    RandomBits random(seed);
     ++picks[f.choose(kBase, random)];
   }
   EXPECT_GT(picks["a"], 120);
@@ -151,7 +151,7 @@ TEST(RouterLatency, ZeroBufferAlwaysTakesTheBest) {
   f.samples("a", 100ms, kBase);
   f.samples("b", 105ms, kBase);
   for (std::uint64_t seed = 0; seed < 200; ++seed) {
-    std::mt19937_64 random(seed);
+    RandomBits random(seed);
     ASSERT_EQ(f.choose(kBase, random), "a");
   }
 }
@@ -161,11 +161,11 @@ TEST(RouterLatency, StaleSamplesMakeADeploymentUnsampledAgain) {
   f.samples("slow", 500ms, kBase);
   f.samples("fast", 20ms, kBase + 30s);
 
-  std::mt19937_64 random(1);
+  RandomBits random(1);
   EXPECT_EQ(f.choose(kBase + 40s, random), "fast");
   // 61 s later nothing is known about "slow" any more, so it gets a chance.
   for (std::uint64_t seed = 0; seed < 50; ++seed) {
-    std::mt19937_64 r(seed);
+    RandomBits r(seed);
     ASSERT_EQ(f.choose(kBase + 61s, r), "slow");
   }
 }
@@ -178,7 +178,7 @@ TEST(RouterLatency, NonStreamingRequestsUseTheTotalWindow) {
     f.state("quick-start").total.add(5000ms, kBase);
     f.state("quick-finish").total.add(1000ms, kBase);
   }
-  std::mt19937_64 random(3);
+  RandomBits random(3);
   EXPECT_EQ(f.choose(kBase, random, /*stream=*/true), "quick-start");
   EXPECT_EQ(f.choose(kBase, random, /*stream=*/false), "quick-finish");
 }
@@ -189,7 +189,7 @@ TEST(RouterLatency, NonStreamingFallsBackToTtftWithoutTotals) {
   f.samples("b", 30ms, kBase);
   f.state("a").total.add(40ms, kBase);  // "b" has no total samples yet
   for (std::uint64_t seed = 0; seed < 50; ++seed) {
-    std::mt19937_64 random(seed);
+    RandomBits random(seed);
     ASSERT_EQ(f.choose(kBase, random, /*stream=*/false), "b");
   }
 }
@@ -199,7 +199,7 @@ TEST(RouterLatency, NonStreamingFallsBackToTtftWithoutTotals) {
 
 TEST(RouterStrategy, RoundRobinCycles) {
   Fixture f(config::Strategy::round_robin, deployments({"a", "b", "c"}));
-  std::mt19937_64 random(0);
+  RandomBits random(0);
   std::vector<std::string> order;
   for (int i = 0; i < 6; ++i) order.push_back(f.choose(kBase, random));
   EXPECT_EQ(order, (std::vector<std::string>{"a", "b", "c", "a", "b", "c"}));
@@ -210,7 +210,7 @@ TEST(RouterStrategy, RoundRobinSkipsDeploymentsThatCannotTakeARequest) {
   list[1].max_parallel = 1;
   Fixture f(config::Strategy::round_robin, list);
   ASSERT_TRUE(f.state("b").try_acquire(1));
-  std::mt19937_64 random(0);
+  RandomBits random(0);
   std::vector<std::string> order;
   for (int i = 0; i < 4; ++i) order.push_back(f.choose(kBase, random));
   EXPECT_EQ(order, (std::vector<std::string>{"a", "c", "c", "a"}));
@@ -221,7 +221,7 @@ TEST(RouterStrategy, WeightedFollowsTheWeights) {
   list[0].weight = 3;
   list[1].weight = 1;
   Fixture f(config::Strategy::weighted, list);
-  std::mt19937_64 random(42);
+  RandomBits random(42);
   int heavy = 0;
   constexpr int kPicks = 8000;
   for (int i = 0; i < kPicks; ++i) {
@@ -236,7 +236,7 @@ TEST(RouterStrategy, WeightedNeverPicksZeroWeightWhenOthersHaveWeight) {
   auto list = deployments({"zero", "one"});
   list[0].weight = 0;
   Fixture f(config::Strategy::weighted, list);
-  std::mt19937_64 random(5);
+  RandomBits random(5);
   for (int i = 0; i < 200; ++i) ASSERT_EQ(f.choose(kBase, random), "one");
 }
 
@@ -245,7 +245,7 @@ TEST(RouterStrategy, LeastBusyTakesTheFewestInFlight) {
   f.state("a").try_acquire(0);
   f.state("a").try_acquire(0);
   f.state("c").try_acquire(0);
-  std::mt19937_64 random(0);
+  RandomBits random(0);
   for (int i = 0; i < 20; ++i) ASSERT_EQ(f.choose(kBase, random), "b");
 
   f.state("b").try_acquire(0);
@@ -257,7 +257,7 @@ TEST(RouterStrategy, LeastBusyBreaksTiesAtRandom) {
   Fixture f(config::Strategy::least_busy, deployments({"a", "b"}));
   std::map<std::string, int> picks;
   for (std::uint64_t seed = 0; seed < 200; ++seed) {
-    std::mt19937_64 random(seed);
+    RandomBits random(seed);
     ++picks[f.choose(kBase, random)];
   }
   EXPECT_GT(picks["a"], 50);
@@ -266,7 +266,7 @@ TEST(RouterStrategy, LeastBusyBreaksTiesAtRandom) {
 
 TEST(RouterStrategy, PriorityFollowsListOrder) {
   Fixture f(config::Strategy::priority, deployments({"first", "second", "third"}));
-  std::mt19937_64 random(0);
+  RandomBits random(0);
   EXPECT_EQ(f.choose(kBase, random), "first");
   EXPECT_EQ(f.choose(kBase, random, true, {f.find("first")}), "second");
   EXPECT_EQ(f.choose(kBase, random, true, {f.find("first"), f.find("second")}), "third");
@@ -281,7 +281,7 @@ TEST(RouterAvailability, FullDeploymentIsSkipped) {
   auto list = deployments({"a", "b"});
   list[0].max_parallel = 2;
   Fixture f(config::Strategy::priority, list);
-  std::mt19937_64 random(0);
+  RandomBits random(0);
   f.state("a").try_acquire(2);
   EXPECT_EQ(f.choose(kBase, random), "a");
   f.state("a").try_acquire(2);
@@ -297,7 +297,7 @@ TEST(RouterAvailability, SpentRpmBudgetIsSkippedUntilTheNextMinute) {
   // Rpm minutes count from when the state was built, so the test clock
   // starts there rather than at kBase.
   const TimePoint start = Clock::now();
-  std::mt19937_64 random(0);
+  RandomBits random(0);
   ASSERT_TRUE(f.state("a").try_take_rpm(1, start));
   EXPECT_EQ(f.choose(start + 1s, random), "b");
   EXPECT_EQ(f.choose(start + 61s, random), "a");
@@ -308,7 +308,7 @@ TEST(RouterAvailability, CoolingDeploymentIsSkipped) {
   policy.cooldown = one_failure_cools_for_30s();
   Fixture f(config::Strategy::priority, deployments({"a", "b"}), policy);
   f.state("a").record_failure(policy.cooldown, kBase);
-  std::mt19937_64 random(0);
+  RandomBits random(0);
   EXPECT_EQ(f.choose(kBase + 10s, random), "b");
 }
 
@@ -317,7 +317,7 @@ TEST(RouterAvailability, ExpiredCooldownIsACandidateOnlyWhileItsProbeIsFree) {
   policy.cooldown = one_failure_cools_for_30s();
   Fixture f(config::Strategy::priority, deployments({"a", "b"}), policy);
   f.state("a").record_failure(policy.cooldown, kBase);
-  std::mt19937_64 random(0);
+  RandomBits random(0);
   const TimePoint after = kBase + 31s;
   EXPECT_EQ(f.choose(after, random), "a");
   EXPECT_TRUE(f.state("a").probe_available(after));  // choose does not claim
@@ -332,7 +332,7 @@ TEST(RouterAvailability, AllCoolingReturnsTheOneBackSoonest) {
   f.state("a").record_failure(policy.cooldown, kBase);
   f.state("b").record_failure(policy.cooldown, kBase + 5s);
   f.state("c").record_failure(policy.cooldown, kBase + 1s);
-  std::mt19937_64 random(0);
+  RandomBits random(0);
   EXPECT_EQ(f.choose(kBase + 10s, random), "a");
   EXPECT_EQ(f.choose(kBase + 10s, random, true, {f.find("a")}), "c");
 }
@@ -340,7 +340,7 @@ TEST(RouterAvailability, AllCoolingReturnsTheOneBackSoonest) {
 TEST(RouterAvailability, DeploymentsWithoutStateAreIgnored) {
   Fixture f(config::Strategy::priority, deployments({"a"}));
   config::Model outsider = model("x", config::Strategy::priority, deployments({"unknown", "a"}));
-  std::mt19937_64 random(0);
+  RandomBits random(0);
   const auto* chosen = f.router.choose(outsider, true, {}, kBase, random);
   ASSERT_NE(chosen, nullptr);
   EXPECT_EQ(chosen->id, "a");

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sluice/stream/relay.hpp"
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
 
@@ -104,6 +105,23 @@ TEST(RelayFaults, SlowDripIsRelayedWhole) {
   auto events = sse_data(response.body);
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back(), "[DONE]");
+}
+
+// A non-streaming body's usage is read from the last bytes the relay kept;
+// the tail may start anywhere in the body.
+TEST(RelayUsage, ReadFromTheTailOfAJsonBody) {
+  const std::string body =
+      R"({"id":"chatcmpl-1","choices":[{"message":{"role":"assistant","content":)"
+      R"("the \"usage\": {\"prompt_tokens\": 1} of it"}}],)"
+      R"("usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21,)"
+      R"("completion_tokens_details":{"reasoning_tokens":4}}})";
+  for (std::size_t start : {std::size_t{0}, std::size_t{20}, body.find(R"("usage":{)")}) {
+    EXPECT_EQ(stream::usage_from_json_tail(std::string_view(body).substr(start)),
+              (stream::Usage{9, 12, 21}))
+        << start;
+  }
+  EXPECT_FALSE(stream::usage_from_json_tail(R"({"id":"x","choices":[]})"));
+  EXPECT_FALSE(stream::usage_from_json_tail(R"({"usage":{"prompt_tokens":9,)"));
 }
 
 }  // namespace

@@ -588,4 +588,34 @@ TEST(SseUsageFromJsonBody, NoUsage) {
 }
 
 }  // namespace
+// The scan that reads a usage object without parsing agrees with the parse.
+TEST(SseUsageFromUsageObject, ReadsTheCountersLikeTheParser) {
+  EXPECT_EQ(usage_from_usage_object(
+                R"({"prompt_tokens":9,"completion_tokens":12,"total_tokens":21,)"
+                R"("completion_tokens_details":{"reasoning_tokens":0,"total_tokens":99}})"),
+            (Usage{9, 12, 21}));
+  EXPECT_EQ(usage_from_usage_object(R"( { "input_tokens" : 30 , "output_tokens" : 8 } )"),
+            (Usage{30, 8, 38}));
+  EXPECT_EQ(usage_from_usage_object(R"({"prompt_tokens":5,"total_tokens":5})"), (Usage{5, 0, 5}));
+  // The last of repeated keys wins, as in a parsed document.
+  EXPECT_EQ(usage_from_usage_object(R"({"prompt_tokens":1,"prompt_tokens":2})"),
+            (Usage{2, 0, 2}));
+  // Only non-negative integers count.
+  EXPECT_EQ(usage_from_usage_object(R"({"prompt_tokens":1.5,"completion_tokens":3})"),
+            (Usage{0, 3, 3}));
+  EXPECT_FALSE(usage_from_usage_object(R"({"prompt_tokens":-1})"));
+  EXPECT_FALSE(usage_from_usage_object(R"({"prompt_tokens":1e3})"));
+  EXPECT_FALSE(usage_from_usage_object(R"({"prompt_tokens":"7"})"));
+  EXPECT_FALSE(usage_from_usage_object(R"({"prompt_tokens":007})"));
+  EXPECT_FALSE(usage_from_usage_object(R"({"prompt_tokens":18446744073709551616})"));
+  EXPECT_EQ(usage_from_usage_object(R"({"prompt_tokens":18446744073709551615})"),
+            (Usage{18446744073709551615ULL, 0, 18446744073709551615ULL}));
+  // Not an object, or broken.
+  EXPECT_FALSE(usage_from_usage_object("{}"));
+  EXPECT_FALSE(usage_from_usage_object("null"));
+  EXPECT_FALSE(usage_from_usage_object(R"({"prompt_tokens":1)"));
+  EXPECT_FALSE(usage_from_usage_object(R"({"prompt_tokens" 1})"));
+  EXPECT_FALSE(usage_from_usage_object(R"([{"prompt_tokens":1}])"));
+}
+
 }  // namespace sluice::stream

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -19,6 +20,13 @@ struct ValueSpan {
 // with duplicate keys the last one wins, as in nlohmann::json. Returns nullopt
 // when the text is not an object or the key is absent.
 std::optional<ValueSpan> find_top_level_value(std::string_view json, std::string_view key);
+
+// Calls `visit(key, value)` for each member of the top-level object, in
+// order; the key is the raw text between its quotes. Returns false when the
+// text is not an object or its structure is broken (values are delimited,
+// not validated).
+bool for_each_top_level_member(std::string_view json,
+                               const std::function<void(std::string_view, ValueSpan)>& visit);
 
 // Appends `text` as a JSON string literal (quotes and escapes included).
 void append_json_string(std::string& out, std::string_view text);

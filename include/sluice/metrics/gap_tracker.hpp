@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "sluice/common/clock.hpp"
+#include "sluice/common/xorshift.hpp"
 
 namespace sluice::metrics {
 
@@ -44,7 +45,7 @@ class GapTracker {
 
   std::array<std::uint32_t, kReservoir> samples_us_{};
   std::uint64_t gap_count_ = 0;
-  std::uint64_t random_state_;
+  Xorshift64Star random_;
   Clock::duration max_gap_{0};
   std::optional<Clock::duration> last_gap_;
   std::optional<TimePoint> previous_event_;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "sluice/common/clock.hpp"
+#include "sluice/common/xorshift.hpp"
 #include "sluice/config/config.hpp"
 #include "sluice/router/deployment_state.hpp"
 
@@ -19,6 +20,8 @@
 // every decision is testable with plain calls and a fake clock.
 namespace sluice::router {
 
+// Per plan: choosing among deployments draws without touching shared state.
+using RandomBits = Xorshift64Star;
 using Micros = std::chrono::microseconds;
 using Millis = std::chrono::milliseconds;
 
@@ -100,7 +103,7 @@ class Plan {
   const Router* router_;
   const config::Model* requested_;
   bool stream_;
-  std::mt19937_64 random_;
+  RandomBits random_;
   // Groups in the order they are tried: the requested model, then its
   // fallbacks (or context-window fallbacks once one is needed).
   std::vector<const config::Model*> groups_;
@@ -132,7 +135,7 @@ class Router {
   // Exposed for tests; `exclude` are skipped.
   const config::Deployment* choose(const config::Model& group, bool stream,
                                    const std::vector<const config::Deployment*>& exclude,
-                                   TimePoint now, std::mt19937_64& random) const;
+                                   TimePoint now, RandomBits& random) const;
 
  private:
   friend class Plan;
@@ -144,7 +147,7 @@ class Router {
   };
   Choice choose_among(const config::Model& group, bool stream,
                       const std::vector<const config::Deployment*>& exclude, TimePoint now,
-                      std::mt19937_64& random, bool allow_cooling) const;
+                      RandomBits& random, bool allow_cooling) const;
 
   std::shared_ptr<const config::Config> config_;
   std::unordered_map<std::string, std::shared_ptr<DeploymentState>> states_;

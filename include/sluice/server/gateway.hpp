@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "sluice/auth/stage.hpp"
+#include "sluice/common/xorshift.hpp"
 #include "sluice/config/config.hpp"
 #include "sluice/metrics/access_log.hpp"
 #include "sluice/metrics/gateway_metrics.hpp"
@@ -79,7 +80,7 @@ class Worker {
   upstream::Pool pool_;
   upstream::Client client_;
   boost::asio::io_context context_{1};
-  std::uint64_t random_state_;
+  Xorshift64Star random_;  // per worker: no shared state on the request path
   std::thread thread_;
 };
 
