@@ -78,6 +78,11 @@ std::string join_names(std::initializer_list<std::string_view> names) {
   return joined;
 }
 
+std::string lower_ascii(std::string text) {
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
 // ---------------------------------------------------------------------------
 // Environment substitution
 
@@ -336,6 +341,10 @@ class Loader {
   std::vector<std::string> read_model_patterns(const Located& at) const;
   void read_models(const Located& at, Config& config);
   Model read_model(const Located& at);
+  Shaping read_shaping(const Located& at) const;
+  TrimHistory read_trim_history(const Located& at) const;
+  std::vector<Rule> read_rules(const Located& at, const std::string& owner);
+  RuleCondition read_rule_condition(const Located& at) const;
   Deployment read_deployment(const Located& at, const std::string& model_name,
                              std::size_t deployment_index);
   void read_timeouts(const Located& at, Timeouts& timeouts) const;
@@ -359,6 +368,8 @@ class Loader {
     Located at;
   };
   std::vector<ModelReference> model_references_;
+  // Rule targets likewise; they must name models with deployments.
+  std::vector<ModelReference> rule_targets_;
 };
 
 void Loader::read_server(const Located& at, Server& server) const {
@@ -672,8 +683,8 @@ void Loader::read_models(const Located& at, Config& config) {
 }
 
 Model Loader::read_model(const Located& at) {
-  MappingReader map(at,
-                    {"name", "strategy", "fallbacks", "context_window_fallbacks", "deployments"});
+  MappingReader map(at, {"name", "strategy", "fallbacks", "context_window_fallbacks", "deployments",
+                         "shaping", "rules"});
   if (!at.node.IsMap()) fail(at, std::string("expected a mapping, got ") + type_name(at.node));
 
   Model model;
@@ -697,13 +708,138 @@ Model Loader::read_model(const Located& at) {
     model.context_window_fallbacks = read_model_references(*value, model.name);
   }
 
-  Located deployments_at = map.require("deployments");
-  std::vector<Located> items = sequence_items(deployments_at);
-  if (items.empty()) fail(deployments_at, "must list at least one deployment");
+  if (auto value = map.get("shaping")) model.shaping = read_shaping(*value);
+
+  auto rules_at = map.get("rules");
+  if (rules_at) {
+    if (auto deployments_at = map.get("deployments")) {
+      fail(*deployments_at, "a model has either deployments or rules, not both");
+    }
+    // The model a rule picks brings its own strategy and fallbacks.
+    for (std::string_view key : {"strategy", "fallbacks", "context_window_fallbacks"}) {
+      if (auto value = map.get(key)) {
+        fail(*value, "not allowed on a model with rules; set it on the models the rules pick");
+      }
+    }
+    model.rules = read_rules(*rules_at, model.name);
+    return model;
+  }
+  auto deployments_at = map.get("deployments");
+  if (!deployments_at) {
+    fail(join_path(at.path, "deployments"),
+         "missing required key: give deployments, or rules to route to other models", at.line);
+  }
+  std::vector<Located> items = sequence_items(*deployments_at);
+  if (items.empty()) fail(*deployments_at, "must list at least one deployment");
   for (std::size_t index = 0; index < items.size(); ++index) {
     model.deployments.push_back(read_deployment(items[index], model.name, index));
   }
   return model;
+}
+
+Shaping Loader::read_shaping(const Located& at) const {
+  MappingReader map(at, {"defaults", "caps", "trim_history"});
+  Shaping shaping;
+  std::optional<Located> default_max_tokens_at;
+  if (auto defaults_at = map.get("defaults")) {
+    MappingReader defaults(*defaults_at, {"max_tokens", "reasoning_effort"});
+    if (auto value = defaults.get("max_tokens")) {
+      shaping.defaults.max_tokens =
+          read_unsigned(*value, 1, std::numeric_limits<std::uint32_t>::max());
+      default_max_tokens_at = value;
+    }
+    if (auto value = defaults.get("reasoning_effort")) {
+      std::string effort = read_string(*value);
+      // The values OpenAI-compatible APIs accept; anything else would make
+      // every request of the model fail upstream.
+      constexpr std::string_view kEfforts[] = {"none", "minimal", "low", "medium", "high", "xhigh"};
+      if (std::find(std::begin(kEfforts), std::end(kEfforts), effort) == std::end(kEfforts)) {
+        fail(*value,
+             "invalid value '" + effort + "' (allowed: none, minimal, low, medium, high, xhigh)");
+      }
+      shaping.defaults.reasoning_effort = effort;
+    }
+  }
+  if (auto caps_at = map.get("caps")) {
+    MappingReader caps(*caps_at, {"max_tokens"});
+    if (auto value = caps.get("max_tokens")) {
+      shaping.caps.max_tokens = read_unsigned(*value, 1, std::numeric_limits<std::uint32_t>::max());
+    }
+  }
+  if (default_max_tokens_at && shaping.caps.max_tokens &&
+      *shaping.defaults.max_tokens > *shaping.caps.max_tokens) {
+    fail(*default_max_tokens_at,
+         "must not exceed caps.max_tokens (" + std::to_string(*shaping.caps.max_tokens) + ")");
+  }
+  if (auto value = map.get("trim_history")) shaping.trim_history = read_trim_history(*value);
+  return shaping;
+}
+
+TrimHistory Loader::read_trim_history(const Located& at) const {
+  MappingReader map(at, {"max_messages", "max_prompt_tokens", "keep_system"});
+  if (!at.node.IsMap()) fail(at, std::string("expected a mapping, got ") + type_name(at.node));
+  TrimHistory trim;
+  if (auto value = map.get("max_messages")) trim.max_messages = read_uint(*value, 1);
+  if (auto value = map.get("max_prompt_tokens")) {
+    trim.max_prompt_tokens = read_unsigned(*value, 1, std::numeric_limits<std::uint64_t>::max());
+  }
+  if (auto value = map.get("keep_system")) trim.keep_system = read_bool(*value);
+  if (trim.max_messages == 0 && trim.max_prompt_tokens == 0) {
+    fail(at, "set max_messages, max_prompt_tokens or both");
+  }
+  return trim;
+}
+
+std::vector<Rule> Loader::read_rules(const Located& at, const std::string& owner) {
+  std::vector<Located> items = sequence_items(at);
+  if (items.empty()) fail(at, "must list at least one rule");
+  std::vector<Rule> rules;
+  for (std::size_t index = 0; index < items.size(); ++index) {
+    const Located& item = items[index];
+    MappingReader map(item, {"when", "model"});
+    if (!item.node.IsMap()) {
+      fail(item, std::string("expected a mapping, got ") + type_name(item.node));
+    }
+    Rule rule;
+    Located model_at = map.require("model");
+    rule.model = read_non_empty_string(model_at);
+    rule_targets_.push_back({rule.model, owner, model_at});
+    if (auto when_at = map.get("when")) {
+      rule.when = read_rule_condition(*when_at);
+    } else if (index + 1 < items.size()) {
+      // A rule without conditions matches everything: the ones after it
+      // could never be reached.
+      fail(item, "only the last rule may leave out 'when' (rules after it would never match)");
+    }
+    rules.push_back(std::move(rule));
+  }
+  return rules;
+}
+
+RuleCondition Loader::read_rule_condition(const Located& at) const {
+  MappingReader map(at, {"prompt_tokens_below", "no_tools", "contains_any"});
+  if (!at.node.IsMap()) fail(at, std::string("expected a mapping, got ") + type_name(at.node));
+  RuleCondition condition;
+  bool any = false;
+  if (auto value = map.get("prompt_tokens_below")) {
+    condition.prompt_tokens_below =
+        read_unsigned(*value, 1, std::numeric_limits<std::uint64_t>::max());
+    any = true;
+  }
+  if (auto value = map.get("no_tools")) {
+    condition.no_tools = read_bool(*value);
+    any = true;
+  }
+  if (auto value = map.get("contains_any")) {
+    std::vector<Located> items = sequence_items(*value);
+    if (items.empty()) fail(*value, "must list at least one phrase");
+    for (const Located& item : items) {
+      condition.contains_any.push_back(lower_ascii(read_non_empty_string(item)));
+    }
+    any = true;
+  }
+  if (!any) fail(at, "set at least one condition (leave 'when' out for a rule that matches all)");
+  return condition;
 }
 
 std::vector<std::string> Loader::read_model_references(const Located& at,
@@ -725,8 +861,25 @@ void Loader::check_model_references(const Config& config) const {
     if (reference.name == reference.owner) {
       fail(reference.at, "model '" + reference.name + "' cannot fall back to itself");
     }
-    if (!config.find_model(reference.name)) {
+    const Model* target = config.find_model(reference.name);
+    if (!target) {
       fail(reference.at, "unknown model '" + reference.name + "' (not defined under models)");
+    }
+    if (!target->rules.empty()) {
+      fail(reference.at,
+           "model '" + reference.name + "' routes by rules and has no deployments to fall back to");
+    }
+  }
+  for (const auto& reference : rule_targets_) {
+    const Model* target = config.find_model(reference.name);
+    if (!target) {
+      fail(reference.at, "unknown model '" + reference.name + "' (not defined under models)");
+    }
+    // One level only: a rule's pick is served by its deployments, so
+    // routing can never loop.
+    if (!target->rules.empty()) {
+      fail(reference.at, "model '" + reference.name +
+                             "' routes by rules itself; a rule must pick a model with deployments");
     }
   }
 }
@@ -789,11 +942,6 @@ void Loader::read_timeouts(const Located& at, Timeouts& timeouts) const {
 bool is_header_token_char(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) ||
          std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
-}
-
-std::string lower_ascii(std::string text) {
-  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return text;
 }
 
 void Loader::read_headers(const Located& at, Deployment& deployment) const {

@@ -222,6 +222,8 @@ void render_json_line(const RequestRecord& record, std::string& out) {
   line.string("trace_id", record.trace_id);
   line.string("key", record.key_name);
   line.string("model", record.model);
+  line.string("routed_to", record.routed_to);
+  line.string("shaped", record.shaped);
   line.boolean("stream", record.stream);
   line.number("status", record.status);
   line.string("deployment", record.deployment);
@@ -288,6 +290,8 @@ void render_text_line(const RequestRecord& record, std::string& out) {
   text("trace_id", record.trace_id);
   text("key", record.key_name);
   text("model", record.model);
+  text("routed_to", record.routed_to);
+  text("shaped", record.shaped);
   key("stream");
   out += record.stream ? "true" : "false";
   key("status");

@@ -17,6 +17,7 @@
 #include "sluice/common/request_body.hpp"
 #include "sluice/metrics/budgets.hpp"
 #include "sluice/metrics/server_timing.hpp"
+#include "sluice/shaping/shaping.hpp"
 #include "sluice/stream/client_watch.hpp"
 #include "sluice/stream/relay.hpp"
 #include "sluice/upstream/client.hpp"
@@ -646,24 +647,56 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
     auto admission = auth.admit({"", "", 0, Clock::now()});
     co_return co_await respond_error(context, *admission.error);
   }
-  const std::string& body = request.body();
+  std::string_view body = request.body();
   auto inspected = inspect_request_body(body);
   if (!inspected) co_return co_await respond_error(context, inspected.error());
   const auto& model_name = inspected->model;
+  context.model = context.snapshot->config->find_model(model_name);
+  // Rules and shaping come before admission so that the key is charged for
+  // the body that goes upstream; the key's model check stays on the name
+  // the client asked for. Models without either never parse the body.
+  std::optional<shaping::ShapedRequest> shaped;
+  auto max_tokens = inspected->max_tokens;
+  if (context.model && shaping::shapes(*context.model)) {
+    shaped = shaping::shape_request(*context.snapshot->config, *context.model, *endpoint, body);
+    if (!shaped->body.empty()) {
+      body = shaped->body;
+      max_tokens = shaped->max_tokens;
+    }
+  }
   auto admission = auth.admit({presented_key.value_or(""), model_name,
-                               auth::estimate_tokens(body.size(), inspected->max_tokens),
-                               Clock::now()});
+                               auth::estimate_tokens(body.size(), max_tokens), Clock::now()});
   admission.append_headers(context.response_fields);
   // Refused requests are logged with the key and model too: a 429 is worth
   // little to an operator without knowing whose.
   context.key = admission.key;
   context.record.model = model_name;
   if (!admission.allowed()) co_return co_await respond_error(context, *admission.error);
-  context.model = context.snapshot->config->find_model(model_name);
   if (!context.model) {
     co_return co_await respond_error(context, ApiError::model_not_found(model_name));
   }
   context.stream = inspected->stream;
+  if (shaped) {
+    if (!shaped->target) {
+      co_return co_await respond_error(
+          context,
+          ApiError::invalid_request("No rule of model `" + model_name + "` matches this request.",
+                                    "model", "no_matching_rule"));
+    }
+    context.model = shaped->target;
+    if (shaped->routed) {
+      context.record.routed_to = shaped->target->name;
+      context.response_fields.append("x-sluice-model: ")
+          .append(shaped->target->name)
+          .append("\r\n");
+    }
+    if (shaped->report.changed()) {
+      context.record.shaped = shaped->report.joined();
+      context.response_fields.append("x-sluice-shaped: ")
+          .append(context.record.shaped)
+          .append("\r\n");
+    }
+  }
 
   ProxyInputs inputs;
   inputs.endpoint = *endpoint;

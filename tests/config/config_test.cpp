@@ -747,6 +747,169 @@ TEST(ConfigErrors, FallbackListedTwice) {
       "models[1].fallbacks[1]", 6, "listed twice");
 }
 
+// ---------------------------------------------------------------------------
+// Shaping and rules
+
+const std::string kShapingAndRules = R"(models:
+  - name: chat-mini
+    shaping:
+      defaults: {max_tokens: 512, reasoning_effort: low}
+      caps: {max_tokens: 2048}
+      trim_history: {max_messages: 20, max_prompt_tokens: 6000, keep_system: false}
+    deployments: [{base_url: http://h}]
+  - name: chat-reasoning
+    deployments: [{base_url: http://h}]
+  - name: auto
+    shaping:
+      trim_history: {max_messages: 4}
+    rules:
+      - {when: {prompt_tokens_below: 200, no_tools: true}, model: chat-mini}
+      - {when: {contains_any: ["Prove", "step by step"]}, model: chat-reasoning}
+      - {model: chat-mini}
+)";
+
+TEST(ShapingConfig, LoadsEveryKey) {
+  ConfigPtr config = load_string(kShapingAndRules, kNoEnv);
+  const Model& mini = *config->find_model("chat-mini");
+  ASSERT_TRUE(mini.shaping);
+  EXPECT_EQ(mini.shaping->defaults.max_tokens, 512u);
+  EXPECT_EQ(mini.shaping->defaults.reasoning_effort, "low");
+  EXPECT_EQ(mini.shaping->caps.max_tokens, 2048u);
+  ASSERT_TRUE(mini.shaping->trim_history);
+  EXPECT_EQ(mini.shaping->trim_history->max_messages, 20u);
+  EXPECT_EQ(mini.shaping->trim_history->max_prompt_tokens, 6000u);
+  EXPECT_FALSE(mini.shaping->trim_history->keep_system);
+  EXPECT_TRUE(mini.rules.empty());
+  EXPECT_FALSE(config->find_model("chat-reasoning")->shaping);
+
+  const Model& router = *config->find_model("auto");
+  EXPECT_TRUE(router.deployments.empty());
+  ASSERT_TRUE(router.shaping);
+  EXPECT_FALSE(router.shaping->defaults.max_tokens);
+  EXPECT_FALSE(router.shaping->caps.max_tokens);
+  EXPECT_EQ(router.shaping->trim_history->max_messages, 4u);
+  EXPECT_EQ(router.shaping->trim_history->max_prompt_tokens, 0u);  // no limit
+  EXPECT_TRUE(router.shaping->trim_history->keep_system);          // the default
+  ASSERT_EQ(router.rules.size(), 3u);
+  ASSERT_TRUE(router.rules[0].when);
+  EXPECT_EQ(router.rules[0].when->prompt_tokens_below, 200u);
+  EXPECT_EQ(router.rules[0].when->no_tools, true);
+  EXPECT_TRUE(router.rules[0].when->contains_any.empty());
+  EXPECT_EQ(router.rules[0].model, "chat-mini");
+  // Phrases are lower-cased once, for a case-insensitive match.
+  EXPECT_EQ(router.rules[1].when->contains_any,
+            (std::vector<std::string>{"prove", "step by step"}));
+  EXPECT_FALSE(router.rules[1].when->prompt_tokens_below);
+  EXPECT_FALSE(router.rules[1].when->no_tools);
+  EXPECT_FALSE(router.rules[2].when);
+  EXPECT_EQ(router.rules[2].model, "chat-mini");
+}
+
+TEST(ShapingConfig, OffUnlessSet) {
+  ConfigPtr config = load_string(kOneModel, kNoEnv);
+  EXPECT_FALSE(config->models[0].shaping);
+  EXPECT_TRUE(config->models[0].rules.empty());
+}
+
+const std::string kTwoModels =
+    "models:\n"
+    "  - name: a\n"
+    "    deployments: [{base_url: http://h}]\n"
+    "  - name: r\n";
+
+TEST(ShapingConfigErrors, EitherDeploymentsOrRules) {
+  expect_error(kTwoModels + "    rules: [{model: a}]\n    deployments: [{base_url: http://h}]\n",
+               "models[1].deployments", 6, "either deployments or rules, not both");
+  expect_error(kTwoModels + "    shaping: {caps: {max_tokens: 5}}\n", "models[1].deployments", 4,
+               "missing required key: give deployments, or rules");
+  expect_error(kTwoModels + "    rules: []\n", "models[1].rules", 5, "at least one rule");
+}
+
+TEST(ShapingConfigErrors, RuleModelsHaveNoRouterKeysOfTheirOwn) {
+  expect_error(kTwoModels + "    fallbacks: [a]\n    rules: [{model: a}]\n", "models[1].fallbacks",
+               5, "not allowed on a model with rules");
+  expect_error(kTwoModels + "    strategy: priority\n    rules: [{model: a}]\n",
+               "models[1].strategy", 5, "not allowed on a model with rules");
+}
+
+TEST(ShapingConfigErrors, RuleTargets) {
+  expect_error(kTwoModels + "    rules:\n      - model: nope\n", "models[1].rules[0].model", 6,
+               "unknown model 'nope'");
+  expect_error(kTwoModels + "    rules: [{model: r}]\n", "models[1].rules[0].model", 5,
+               "routes by rules itself");
+  expect_error(kTwoModels + "    rules: [{model: a}]\n  - name: r2\n    rules: [{model: r}]\n",
+               "models[2].rules[0].model", 7, "routes by rules itself");
+  expect_error(kTwoModels + "    rules: [{when: {no_tools: true}}]\n", "models[1].rules[0].model",
+               5, "missing required key");
+}
+
+TEST(ShapingConfigErrors, FallbacksCannotNameARuleModel) {
+  expect_error(
+      "models:\n  - name: a\n    fallbacks: [r]\n    deployments: [{base_url: http://h}]\n"
+      "  - name: r\n    rules: [{model: a}]\n",
+      "models[0].fallbacks[0]", 3, "routes by rules and has no deployments");
+}
+
+TEST(ShapingConfigErrors, OnlyTheLastRuleMayMatchEverything) {
+  expect_error(kTwoModels +
+                   "    rules:\n      - model: a\n      - when: {no_tools: true}\n"
+                   "        model: a\n",
+               "models[1].rules[0]", 6, "only the last rule may leave out 'when'");
+  expect_error(kTwoModels + "    rules: [{when: {}, model: a}]\n", "models[1].rules[0].when", 5,
+               "set at least one condition");
+}
+
+TEST(ShapingConfigErrors, RuleConditions) {
+  expect_error(kTwoModels + "    rules: [{when: {tokens_below: 5}, model: a}]\n",
+               "models[1].rules[0].when.tokens_below", 5,
+               "allowed: prompt_tokens_below, no_tools, contains_any");
+  expect_error(kTwoModels + "    rules: [{when: {prompt_tokens_below: 0}, model: a}]\n",
+               "models[1].rules[0].when.prompt_tokens_below", 5, "at least 1");
+  expect_error(kTwoModels + "    rules: [{when: {no_tools: yes}, model: a}]\n",
+               "models[1].rules[0].when.no_tools", 5, "expected true or false");
+  expect_error(kTwoModels + "    rules: [{when: {contains_any: []}, model: a}]\n",
+               "models[1].rules[0].when.contains_any", 5, "at least one phrase");
+  expect_error(kTwoModels + "    rules: [{when: {contains_any: [\"\"]}, model: a}]\n",
+               "models[1].rules[0].when.contains_any[0]", 5, "must not be empty");
+  expect_error(kTwoModels + "    rules: [{when: {contains_any: prove}, model: a}]\n",
+               "models[1].rules[0].when.contains_any", 5, "expected a sequence");
+}
+
+TEST(ShapingConfigErrors, ShapingKeys) {
+  const std::string model = "models:\n  - name: a\n    deployments: [{base_url: http://h}]\n";
+  expect_error(model + "    shaping: {trim: {}}\n", "models[0].shaping.trim", 4,
+               "allowed: defaults, caps, trim_history");
+  expect_error(model + "    shaping:\n      defaults: {temperature: 0}\n",
+               "models[0].shaping.defaults.temperature", 5,
+               "allowed: max_tokens, reasoning_effort");
+  expect_error(model + "    shaping:\n      caps: {n: 1}\n", "models[0].shaping.caps.n", 5,
+               "allowed: max_tokens");
+  expect_error(model + "    shaping:\n      trim_history: {max_turns: 3}\n",
+               "models[0].shaping.trim_history.max_turns", 5,
+               "allowed: max_messages, max_prompt_tokens, keep_system");
+}
+
+TEST(ShapingConfigErrors, ShapingValues) {
+  const std::string model = "models:\n  - name: a\n    deployments: [{base_url: http://h}]\n";
+  expect_error(model + "    shaping:\n      defaults: {max_tokens: 0}\n",
+               "models[0].shaping.defaults.max_tokens", 5, "at least 1");
+  expect_error(model + "    shaping:\n      caps: {max_tokens: -5}\n",
+               "models[0].shaping.caps.max_tokens", 5, "must not be negative");
+  expect_error(model + "    shaping:\n      defaults: {reasoning_effort: extreme}\n",
+               "models[0].shaping.defaults.reasoning_effort", 5, "invalid value 'extreme'");
+  expect_error(model +
+                   "    shaping:\n      defaults: {max_tokens: 4096}\n"
+                   "      caps: {max_tokens: 1024}\n",
+               "models[0].shaping.defaults.max_tokens", 5,
+               "must not exceed caps.max_tokens (1024)");
+  expect_error(model + "    shaping:\n      trim_history: {max_messages: 0}\n",
+               "models[0].shaping.trim_history.max_messages", 5, "at least 1");
+  expect_error(model + "    shaping:\n      trim_history: {max_prompt_tokens: 0}\n",
+               "models[0].shaping.trim_history.max_prompt_tokens", 5, "at least 1");
+  expect_error(model + "    shaping:\n      trim_history: {keep_system: true}\n",
+               "models[0].shaping.trim_history", 5, "set max_messages, max_prompt_tokens or both");
+}
+
 TEST(ConfigErrors, MissingCaFile) {
   expect_error(kDeploymentWith + "        ca_file: /nonexistent/sluice-ca.pem\n",
                "models[0].deployments[0].ca_file", 5, "does not exist");

@@ -30,6 +30,8 @@ RequestRecord full_record() {
   record.trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
   record.key_name = "team-a";
   record.model = "gpt-4o";
+  record.routed_to = "gpt-4o-mini";
+  record.shaped = "trimmed,max_tokens";
   record.stream = true;
   record.status = 200;
   record.deployment = "openai-1";
@@ -67,6 +69,8 @@ TEST(AccessLogJson, EveryFieldIsPresentWithItsValue) {
                                           "trace_id",
                                           "key",
                                           "model",
+                                          "routed_to",
+                                          "shaped",
                                           "stream",
                                           "status",
                                           "deployment",
@@ -90,6 +94,8 @@ TEST(AccessLogJson, EveryFieldIsPresentWithItsValue) {
   EXPECT_EQ(json["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
   EXPECT_EQ(json["key"], "team-a");
   EXPECT_EQ(json["model"], "gpt-4o");
+  EXPECT_EQ(json["routed_to"], "gpt-4o-mini");
+  EXPECT_EQ(json["shaped"], "trimmed,max_tokens");
   EXPECT_EQ(json["stream"], true);
   EXPECT_EQ(json["status"], 200);
   EXPECT_EQ(json["deployment"], "openai-1");
@@ -125,7 +131,7 @@ TEST(AccessLogJson, UnknownValuesAreNullAndTheSchemaStaysTheSame) {
   std::string line;
   render_json_line(record, line);
   const nlohmann::json json = parse_line(line);
-  EXPECT_EQ(json.size(), 21u);
+  EXPECT_EQ(json.size(), 23u);
   EXPECT_EQ(json["ts"], "1970-01-01T00:00:00.000Z");
   EXPECT_TRUE(json["ttft_ms"].is_null());
   EXPECT_TRUE(json["total_ms"].is_null());
@@ -136,6 +142,8 @@ TEST(AccessLogJson, UnknownValuesAreNullAndTheSchemaStaysTheSame) {
   EXPECT_EQ(json["over_budget"], nlohmann::json::array());
   EXPECT_EQ(json["tags"], nlohmann::json::array());
   EXPECT_EQ(json["deployment"], "");
+  EXPECT_EQ(json["routed_to"], "");
+  EXPECT_EQ(json["shaped"], "");
 }
 
 TEST(AccessLogJson, StringsAreEscapedAndInvalidUtf8Replaced) {
@@ -173,6 +181,9 @@ TEST(AccessLogText, IsOneLogfmtLine) {
   EXPECT_TRUE(line.starts_with("ts=2024-05-01T12:34:56.789Z request_id=req-1 ")) << line;
   EXPECT_NE(line.find(" key=\"has space\" "), std::string::npos) << line;
   EXPECT_NE(line.find(" status=200 "), std::string::npos) << line;
+  EXPECT_NE(line.find(" model=gpt-4o routed_to=gpt-4o-mini shaped=trimmed,max_tokens "),
+            std::string::npos)
+      << line;
   EXPECT_NE(line.find(" attempts=azure-1:timeout,openai-1:ok "), std::string::npos) << line;
   EXPECT_NE(line.find(" ttft_ms=52.125 "), std::string::npos) << line;
   EXPECT_NE(line.find(" prompt_tokens=- "), std::string::npos) << line;

@@ -153,6 +153,8 @@ void render_with_nlohmann(const RequestRecord& record, std::string& out) {
                          {"trace_id", record.trace_id},
                          {"key", record.key_name},
                          {"model", record.model},
+                         {"routed_to", record.routed_to},
+                         {"shaped", record.shaped},
                          {"stream", record.stream},
                          {"status", record.status},
                          {"deployment", record.deployment},

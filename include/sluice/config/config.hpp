@@ -54,12 +54,54 @@ struct Deployment {
 
 enum class Strategy { latency, round_robin, weighted, least_busy, priority };
 
+// Request shaping: changes sluice makes to a request body before it goes
+// upstream, each one off unless set. Applied only to what the client left
+// out (defaults) or asked too much of (caps).
+struct ShapingDefaults {
+  std::optional<std::uint64_t> max_tokens;
+  std::optional<std::string> reasoning_effort;
+};
+
+struct ShapingCaps {
+  std::optional<std::uint64_t> max_tokens;
+};
+
+// Limits on the conversation history; 0 means no limit of that kind (at
+// least one is set).
+struct TrimHistory {
+  unsigned max_messages = 0;
+  std::uint64_t max_prompt_tokens = 0;
+  bool keep_system = true;  // system and developer messages are never dropped
+};
+
+struct Shaping {
+  ShapingDefaults defaults;
+  ShapingCaps caps;
+  std::optional<TrimHistory> trim_history;
+};
+
+// Every condition that is set must hold.
+struct RuleCondition {
+  std::optional<std::uint64_t> prompt_tokens_below;
+  std::optional<bool> no_tools;           // true: no tools offered; false: some offered
+  std::vector<std::string> contains_any;  // lower-cased; empty = no such condition
+};
+
+struct Rule {
+  std::optional<RuleCondition> when;  // nullopt: matches every request
+  std::string model;                  // a model with deployments
+};
+
 struct Model {
   std::string name;
   Strategy strategy = Strategy::latency;
   std::vector<std::string> fallbacks;
   std::vector<std::string> context_window_fallbacks;
-  std::vector<Deployment> deployments;
+  std::vector<Deployment> deployments;  // empty exactly when `rules` is not
+  std::optional<Shaping> shaping;
+  // A routing model: dispatches each request to the first matching rule's
+  // model instead of having deployments of its own.
+  std::vector<Rule> rules;
 };
 
 struct Server {

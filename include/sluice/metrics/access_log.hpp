@@ -41,6 +41,8 @@ struct RequestRecord {
   std::string trace_id;  // 32 hex digits
   std::string key_name;  // the client's key, by name (never the secret)
   std::string model;     // the public model name asked for
+  std::string routed_to;  // the model a rule picked for `model`; empty when none did
+  std::string shaped;     // the shaping changes made, as in x-sluice-shaped; empty for none
   bool stream = false;
   unsigned status = 0;
   std::string deployment;  // the one that answered; empty when none did
