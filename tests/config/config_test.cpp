@@ -488,6 +488,13 @@ TEST(ConfigErrors, EmptyDocument) {
 
 TEST(ConfigErrors, SeveralDocuments) {
   expect_error(kOneModel + "---\n" + kOneModel, "(root)", 6, "single YAML document");
+  expect_error(kOneModel + "---\n---\n" + kOneModel, "(root)", 6, "single YAML document");
+}
+
+// yaml-cpp 0.7 keeps reporting the same empty document for these, forever.
+TEST(ConfigErrors, StrayCommaIsAnErrorNotAHang) {
+  expect_error(",\n]", "(root)", 1, "invalid YAML");
+  expect_error("# sluice\n\n,{\n]\n", "(root)", 3, "invalid YAML");
 }
 
 TEST(ConfigErrors, RootIsNotAMapping) {
