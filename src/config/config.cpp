@@ -13,6 +13,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -35,8 +36,26 @@ struct Located {
   int line = 1;  // 1-based
 };
 
+// Messages quote the config's own text (keys, values, yaml-cpp's view of a
+// bad escape); a control byte in them would cut what() short at a NUL, hiding
+// the line number, or reach the terminal or log as an escape sequence.
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char c : text) {
+    if (c < 0x20 || c == 0x7f) {
+      char escaped[5];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
+      out += escaped;
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  return out;
+}
+
 [[noreturn]] void fail(const std::string& path, const std::string& what, int line) {
-  throw ConfigError((path.empty() ? "(root)" : path) + ": " + what + " (line " +
+  throw ConfigError(printable((path.empty() ? "(root)" : path) + ": " + what) + " (line " +
                     std::to_string(line) + ")");
 }
 

@@ -497,6 +497,18 @@ TEST(ConfigErrors, StrayCommaIsAnErrorNotAHang) {
   expect_error("# sluice\n\n,{\n]\n", "(root)", 3, "invalid YAML");
 }
 
+// A control byte quoted from the config would cut the message short at a NUL
+// or reach the terminal as an escape sequence.
+TEST(ConfigErrors, ControlBytesInMessagesAreEscaped) {
+  std::string yaml = "models:\n  - name: \"a\\";
+  yaml += '\0';
+  yaml += "b\"\n";
+  const std::string message = load_error(yaml);
+  EXPECT_THAT(message, HasSubstr("\\x00"));
+  EXPECT_THAT(message, EndsWith("(line 2)"));
+  EXPECT_EQ(message.find('\0'), std::string::npos);
+}
+
 TEST(ConfigErrors, RootIsNotAMapping) {
   expect_error("- a\n- b\n", "(root)", 1, "expected a mapping, got a sequence");
   expect_error("just text\n", "(root)", 1, "expected a mapping, got a scalar");
