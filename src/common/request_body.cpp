@@ -120,7 +120,9 @@ Result<RequestBody, ApiError> inspect_request_body(std::string_view body, int ma
                                          std::to_string(max_depth) + " levels deep.",
                                      "", "invalid_json");
   }
-  if (!ok || inspector.syntax_error) {
+  // nlohmann reads a NUL byte as the end of the input, so `{..}\0garbage`
+  // would pass; a raw NUL is never valid JSON, inside a string or out.
+  if (!ok || inspector.syntax_error || body.find('\0') != std::string_view::npos) {
     return ApiError::invalid_request(
         "We could not parse the JSON body of your request. The body must be valid JSON (UTF-8).",
         "", "invalid_json");

@@ -53,6 +53,17 @@ TEST(RequestBody, RejectsWhatTheGatewayCannotForward) {
   }
 }
 
+TEST(RequestBody, RefusesANulByteAnywhere) {
+  // The JSON parser stops at a NUL as if the input ended there.
+  using namespace std::string_view_literals;
+  for (auto body : {"{\"model\":\"m\"}\0{\"model\":\"x\"}"sv, "{\"model\":\"m\"}\0"sv,
+                    "\0{\"model\":\"m\"}"sv}) {
+    auto inspected = inspect_request_body(body);
+    ASSERT_FALSE(inspected.ok()) << body.size();
+    EXPECT_EQ(inspected.error().code, "invalid_json");
+  }
+}
+
 TEST(RequestBody, RefusesDeepNesting) {
   std::string deep = "{\"model\":\"m\",\"x\":" + std::string(100, '[') + std::string(100, ']') + "}";
   auto body = inspect_request_body(deep);
