@@ -16,9 +16,10 @@ class BodyInspector : public nlohmann::json_sax<json> {
 
   bool null() override { return value(Kind::other); }
   bool boolean(bool v) override {
+    value(Kind::other);
     if (depth_ == 1 && key_ == "stream") body.stream = v;
     if (depth_ == 2 && in_stream_options_ && key_ == "include_usage") body.include_usage = v;
-    return value(Kind::other);
+    return true;
   }
   bool number_integer(number_integer_t v) override {
     if (v >= 0) note_max_tokens(static_cast<std::uint64_t>(v));
@@ -81,9 +82,16 @@ class BodyInspector : public nlohmann::json_sax<json> {
  private:
   enum class Kind { number, other };
 
-  // With a repeated key the last value wins, as in a parsed document.
+  // With a repeated key the last value wins, as in a parsed document: any
+  // value first clears what an earlier one under the same key set.
   bool value(Kind) {
     if (depth_ == 1 && key_ == "model") model_is_string = false;
+    if (depth_ == 1 && key_ == "stream") body.stream = false;
+    if (depth_ == 1 && key_ == "stream_options") {
+      body.has_stream_options = false;
+      body.include_usage = false;
+    }
+    if (depth_ == 2 && in_stream_options_ && key_ == "include_usage") body.include_usage = false;
     return true;
   }
   void note_max_tokens(std::uint64_t v) {

@@ -53,6 +53,23 @@ TEST(RequestBody, RejectsWhatTheGatewayCannotForward) {
   }
 }
 
+// With a repeated key the last value counts, as for the parser upstream.
+TEST(RequestBody, LastOfRepeatedStreamFieldsCounts) {
+  auto body = inspect_request_body(R"({"model":"m","stream":true,"stream":1})");
+  ASSERT_TRUE(body.ok());
+  EXPECT_FALSE(body->stream);
+  body = inspect_request_body(
+      R"({"model":"m","stream_options":{"include_usage":true},"stream_options":null})");
+  ASSERT_TRUE(body.ok());
+  EXPECT_FALSE(body->has_stream_options);
+  EXPECT_FALSE(body->include_usage);
+  body = inspect_request_body(
+      R"({"model":"m","stream_options":{"include_usage":true,"include_usage":"yes"}})");
+  ASSERT_TRUE(body.ok());
+  EXPECT_TRUE(body->has_stream_options);
+  EXPECT_FALSE(body->include_usage);
+}
+
 TEST(RequestBody, RefusesANulByteAnywhere) {
   // The JSON parser stops at a NUL as if the input ended there.
   using namespace std::string_view_literals;
