@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sluice/common/json_scan.hpp"
+
 namespace sluice {
 
 namespace {
@@ -148,6 +150,29 @@ Result<RequestBody, ApiError> inspect_request_body(std::string_view body, int ma
                                      "invalid_type");
   }
   return std::move(inspector.body);
+}
+
+ModelSplice splice_model(std::string_view body, std::string& storage) {
+  std::string_view text = body;
+  std::size_t model_begin = 0;
+  std::size_t model_end = 0;
+  if (auto span = find_top_level_value(body, "model")) {
+    model_begin = span->begin;
+    model_end = span->end;
+  } else {
+    auto document = json::parse(body);
+    document.erase("model");
+    storage = document.dump();
+    constexpr std::string_view kModelKey = R"("model":)";
+    storage.insert(1, kModelKey);
+    model_begin = model_end = 1 + kModelKey.size();
+    if (storage.size() > model_end + 1) storage.insert(model_end, ",");
+    text = storage;
+  }
+  auto closing = text.rfind('}');
+  if (closing == std::string_view::npos || closing < model_end) closing = text.size();
+  return {text.substr(0, model_begin), text.substr(model_end, closing - model_end),
+          text.substr(closing)};
 }
 
 }  // namespace sluice
