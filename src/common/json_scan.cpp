@@ -1,6 +1,8 @@
 #include "sluice/common/json_scan.hpp"
 
 #include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
 
 namespace sluice {
 namespace {
@@ -88,6 +90,17 @@ class Scanner {
   std::size_t pos_ = 0;
 };
 
+// A key spelled with escapes ("mod\u0065l") names the same member for every
+// JSON parser upstream, so it must match too.
+bool key_equals(std::string_view written, std::string_view key) {
+  if (written.find('\\') == std::string_view::npos) return written == key;
+  std::string quoted;
+  quoted.reserve(written.size() + 2);
+  quoted.append(1, '"').append(written).append(1, '"');
+  const auto decoded = nlohmann::json::parse(quoted, nullptr, /*allow_exceptions=*/false);
+  return decoded.is_string() && decoded.get_ref<const std::string&>() == key;
+}
+
 }  // namespace
 
 bool for_each_top_level_member(std::string_view json,
@@ -114,7 +127,7 @@ std::optional<ValueSpan> find_top_level_value(std::string_view json, std::string
   std::optional<ValueSpan> found;
   bool well_formed =
       for_each_top_level_member(json, [&](std::string_view this_key, ValueSpan value) {
-        if (this_key == key) found = value;
+        if (key_equals(this_key, key)) found = value;
       });
   if (!well_formed) return std::nullopt;
   return found;

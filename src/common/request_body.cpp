@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sluice/common/json_scan.hpp"
+
 namespace sluice {
 
 namespace {
@@ -16,9 +18,10 @@ class BodyInspector : public nlohmann::json_sax<json> {
 
   bool null() override { return value(Kind::other); }
   bool boolean(bool v) override {
+    value(Kind::other);
     if (depth_ == 1 && key_ == "stream") body.stream = v;
     if (depth_ == 2 && in_stream_options_ && key_ == "include_usage") body.include_usage = v;
-    return value(Kind::other);
+    return true;
   }
   bool number_integer(number_integer_t v) override {
     if (v >= 0) note_max_tokens(static_cast<std::uint64_t>(v));
@@ -81,9 +84,16 @@ class BodyInspector : public nlohmann::json_sax<json> {
  private:
   enum class Kind { number, other };
 
-  // With a repeated key the last value wins, as in a parsed document.
+  // With a repeated key the last value wins, as in a parsed document: any
+  // value first clears what an earlier one under the same key set.
   bool value(Kind) {
     if (depth_ == 1 && key_ == "model") model_is_string = false;
+    if (depth_ == 1 && key_ == "stream") body.stream = false;
+    if (depth_ == 1 && key_ == "stream_options") {
+      body.has_stream_options = false;
+      body.include_usage = false;
+    }
+    if (depth_ == 2 && in_stream_options_ && key_ == "include_usage") body.include_usage = false;
     return true;
   }
   void note_max_tokens(std::uint64_t v) {
@@ -120,7 +130,9 @@ Result<RequestBody, ApiError> inspect_request_body(std::string_view body, int ma
                                          std::to_string(max_depth) + " levels deep.",
                                      "", "invalid_json");
   }
-  if (!ok || inspector.syntax_error) {
+  // nlohmann reads a NUL byte as the end of the input, so `{..}\0garbage`
+  // would pass; a raw NUL is never valid JSON, inside a string or out.
+  if (!ok || inspector.syntax_error || body.find('\0') != std::string_view::npos) {
     return ApiError::invalid_request(
         "We could not parse the JSON body of your request. The body must be valid JSON (UTF-8).",
         "", "invalid_json");
@@ -138,6 +150,29 @@ Result<RequestBody, ApiError> inspect_request_body(std::string_view body, int ma
                                      "invalid_type");
   }
   return std::move(inspector.body);
+}
+
+ModelSplice splice_model(std::string_view body, std::string& storage) {
+  std::string_view text = body;
+  std::size_t model_begin = 0;
+  std::size_t model_end = 0;
+  if (auto span = find_top_level_value(body, "model")) {
+    model_begin = span->begin;
+    model_end = span->end;
+  } else {
+    auto document = json::parse(body);
+    document.erase("model");
+    storage = document.dump();
+    constexpr std::string_view kModelKey = R"("model":)";
+    storage.insert(1, kModelKey);
+    model_begin = model_end = 1 + kModelKey.size();
+    if (storage.size() > model_end + 1) storage.insert(model_end, ",");
+    text = storage;
+  }
+  auto closing = text.rfind('}');
+  if (closing == std::string_view::npos || closing < model_end) closing = text.size();
+  return {text.substr(0, model_begin), text.substr(model_end, closing - model_end),
+          text.substr(closing)};
 }
 
 }  // namespace sluice

@@ -6,12 +6,14 @@
 
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +21,7 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <sstream>
 #include <string_view>
 #include <thread>
 
@@ -33,8 +36,26 @@ struct Located {
   int line = 1;  // 1-based
 };
 
+// Messages quote the config's own text (keys, values, yaml-cpp's view of a
+// bad escape); a control byte in them would cut what() short at a NUL, hiding
+// the line number, or reach the terminal or log as an escape sequence.
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char c : text) {
+    if (c < 0x20 || c == 0x7f) {
+      char escaped[5];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
+      out += escaped;
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  return out;
+}
+
 [[noreturn]] void fail(const std::string& path, const std::string& what, int line) {
-  throw ConfigError((path.empty() ? "(root)" : path) + ": " + what + " (line " +
+  throw ConfigError(printable((path.empty() ? "(root)" : path) + ": " + what) + " (line " +
                     std::to_string(line) + ")");
 }
 
@@ -1019,21 +1040,74 @@ Config Loader::load(const Located& root) {
   return config;
 }
 
+// Reads through the documents of a YAML stream without building them, to
+// tell how many there are and where the second one starts.
+class DocumentCounter : public YAML::EventHandler {
+ public:
+  int documents = 0;
+  YAML::Mark first_start;
+  YAML::Mark second_start;
+  std::optional<YAML::Mark> second_root;  // where the second document's content begins
+
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    ++documents;
+    (documents == 1 ? first_start : second_start) = mark;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { node(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { node(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    node(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    node(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    node(mark);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void node(const YAML::Mark& mark) {
+    if (documents == 2 && !second_root) second_root = mark;
+  }
+};
+
 ConfigPtr load_text(const std::string& text, EnvLookup env, const std::string& source) {
-  std::vector<YAML::Node> documents;
+  // Not YAML::LoadAll: yaml-cpp 0.7 loops forever in it, allocating, on some
+  // malformed input (a stray ',' before a flow end) because the parser keeps
+  // reporting the same empty document without consuming anything. Count
+  // documents first, stopping at the second, then load the first alone.
+  DocumentCounter counter;
+  YAML::Node document;
   try {
-    documents = YAML::LoadAll(text);
+    std::istringstream stream(text);
+    YAML::Parser parser(stream);
+    while (counter.documents < 2 && parser.HandleNextDocument(counter)) {
+    }
+    if (counter.documents == 2 && counter.second_start.pos == counter.first_start.pos) {
+      fail(source, "invalid YAML: cannot parse past this point",
+           counter.first_start.is_null() ? 1 : counter.first_start.line + 1);
+    }
+    if (counter.documents == 1) document = YAML::Load(text);
   } catch (const YAML::Exception& error) {
     fail(source, "invalid YAML: " + error.msg, error.mark.is_null() ? 1 : error.mark.line + 1);
   }
-  if (documents.empty()) fail("(root)", "the document is empty; at least 'models' is required", 1);
-  if (documents.size() > 1) {
-    fail("(root)", "expected a single YAML document, found " + std::to_string(documents.size()),
-         line_of(documents[1], 1));
+  if (counter.documents == 0) {
+    fail("(root)", "the document is empty; at least 'models' is required", 1);
+  }
+  if (counter.documents > 1) {
+    const YAML::Mark at = counter.second_root.value_or(counter.second_start);
+    fail("(root)", "expected a single YAML document, found a second one",
+         at.is_null() ? 1 : at.line + 1);
   }
 
   Loader loader(std::move(env));
-  Located root{documents.front(), "", line_of(documents.front(), 1)};
+  Located root{document, "", line_of(document, 1)};
   try {
     return std::make_shared<const Config>(loader.load(root));
   } catch (const YAML::Exception& error) {

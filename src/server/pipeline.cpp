@@ -178,7 +178,7 @@ struct ProxyInputs {
   std::string_view query;
   std::string forward_fields;
   // The body is forwarded as [prefix, upstream model literal, suffix,
-  // addition, closing]; the last two are empty unless a field is added.
+  // addition, closing]; the addition is empty unless a field is added.
   std::string_view body_prefix;
   std::string_view body_suffix;
   std::string_view body_addition;
@@ -704,23 +704,11 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
   auto next_random = [&worker = context.worker] { return worker.next_random(); };
   inputs.forward_fields = forwarded_fields(request, context.request_id,
                                            metrics::next_hop(context.trace, next_random).traceparent());
-  // Only `model` changes on the way upstream: splice it in place rather than
-  // re-serialising the whole body.
   std::string respliced;
-  if (auto span = find_top_level_value(body, "model")) {
-    inputs.body_prefix = std::string_view(body).substr(0, span->begin);
-    inputs.body_suffix = std::string_view(body).substr(span->end);
-  } else {
-    // A key spelled with escapes: fall back to a parsed document.
-    auto json = nlohmann::json::parse(body);
-    json.erase("model");
-    respliced = json.dump();
-    respliced.insert(1, R"("model":)");
-    auto model_end = 1 + std::string_view(R"("model":)").size();
-    respliced.insert(model_end, respliced.size() > model_end + 1 ? "," : "");
-    inputs.body_prefix = std::string_view(respliced).substr(0, model_end);
-    inputs.body_suffix = std::string_view(respliced).substr(model_end);
-  }
+  const auto splice = splice_model(body, respliced);
+  inputs.body_prefix = splice.before_model;
+  inputs.body_suffix = splice.after_model;
+  inputs.body_closing = splice.closing;
 
   // A key with a token budget needs the real usage of every stream: ask the
   // upstream for the usage chunk when the client did not, and keep that
@@ -730,13 +718,8 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
                      !inspected->has_stream_options &&
                      (*endpoint == "/chat/completions" || *endpoint == "/completions");
   if (wants_usage) {
-    auto closing = inputs.body_suffix.rfind('}');
-    if (closing != std::string_view::npos) {
-      inputs.body_closing = inputs.body_suffix.substr(closing);
-      inputs.body_suffix = inputs.body_suffix.substr(0, closing);
-      inputs.body_addition = kIncludeUsage;
-      inputs.strip_usage_only_chunks = true;
-    }
+    inputs.body_addition = kIncludeUsage;
+    inputs.strip_usage_only_chunks = true;
   }
 
   stream::ClientWatch watch(context.client, context.client_buffer);

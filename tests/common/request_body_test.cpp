@@ -53,6 +53,34 @@ TEST(RequestBody, RejectsWhatTheGatewayCannotForward) {
   }
 }
 
+// With a repeated key the last value counts, as for the parser upstream.
+TEST(RequestBody, LastOfRepeatedStreamFieldsCounts) {
+  auto body = inspect_request_body(R"({"model":"m","stream":true,"stream":1})");
+  ASSERT_TRUE(body.ok());
+  EXPECT_FALSE(body->stream);
+  body = inspect_request_body(
+      R"({"model":"m","stream_options":{"include_usage":true},"stream_options":null})");
+  ASSERT_TRUE(body.ok());
+  EXPECT_FALSE(body->has_stream_options);
+  EXPECT_FALSE(body->include_usage);
+  body = inspect_request_body(
+      R"({"model":"m","stream_options":{"include_usage":true,"include_usage":"yes"}})");
+  ASSERT_TRUE(body.ok());
+  EXPECT_TRUE(body->has_stream_options);
+  EXPECT_FALSE(body->include_usage);
+}
+
+TEST(RequestBody, RefusesANulByteAnywhere) {
+  // The JSON parser stops at a NUL as if the input ended there.
+  using namespace std::string_view_literals;
+  for (auto body : {"{\"model\":\"m\"}\0{\"model\":\"x\"}"sv, "{\"model\":\"m\"}\0"sv,
+                    "\0{\"model\":\"m\"}"sv}) {
+    auto inspected = inspect_request_body(body);
+    ASSERT_FALSE(inspected.ok()) << body.size();
+    EXPECT_EQ(inspected.error().code, "invalid_json");
+  }
+}
+
 TEST(RequestBody, RefusesDeepNesting) {
   std::string deep = "{\"model\":\"m\",\"x\":" + std::string(100, '[') + std::string(100, ']') + "}";
   auto body = inspect_request_body(deep);
@@ -76,6 +104,58 @@ TEST(JsonScan, LastDuplicateWinsAndEscapesAreSkipped) {
   EXPECT_EQ(body.substr(span->begin, span->end - span->begin), "\"c\"");
   EXPECT_FALSE(find_top_level_value("[1,2]", "model").has_value());
   EXPECT_FALSE(find_top_level_value(R"({"other":1})", "model").has_value());
+}
+
+std::string forwarded(const ModelSplice& splice, std::string_view model,
+                      std::string_view addition = {}) {
+  std::string body(splice.before_model);
+  append_json_string(body, model);
+  body.append(splice.after_model).append(addition).append(splice.closing);
+  return body;
+}
+
+TEST(SpliceModel, ReplacesOnlyTheModelValueInPlace) {
+  const std::string body = R"({"messages":[{"model":"inner"}], "model" : "outer", "n":1} )";
+  std::string storage;
+  auto splice = splice_model(body, storage);
+  EXPECT_TRUE(storage.empty());
+  EXPECT_EQ(splice.before_model.data(), body.data());
+  EXPECT_EQ(forwarded(splice, "up"), R"({"messages":[{"model":"inner"}], "model" : "up", "n":1} )");
+  EXPECT_EQ(splice.closing, "} ");
+  EXPECT_EQ(forwarded(splice, "up", R"(,"x":true)"),
+            R"({"messages":[{"model":"inner"}], "model" : "up", "n":1,"x":true} )");
+}
+
+// Every parser upstream reads "mod\u0065l" as "model": with it last, an
+// in-place splice of the first one would leave the client's name in force.
+TEST(SpliceModel, FindsTheModelKeySpelledWithEscapes) {
+  struct Case {
+    std::string body;
+    std::string expected;
+  } cases[] = {
+      {R"({"model":"a","mod\u0065l":"b"})", R"({"model":"a","mod\u0065l":"up"})"},
+      {R"({"mod\u0065l":"a","n":1})", R"({"mod\u0065l":"up","n":1})"},
+      {R"({"mod\u0065l":"a","model":"b"})", R"({"mod\u0065l":"a","model":"up"})"},
+  };
+  for (const auto& c : cases) {
+    ASSERT_TRUE(inspect_request_body(c.body).ok()) << c.body;
+    std::string storage;
+    EXPECT_EQ(forwarded(splice_model(c.body, storage), "up"), c.expected) << c.body;
+    EXPECT_TRUE(storage.empty());
+  }
+}
+
+TEST(SpliceModel, ReserialisesABodyStartingWithAByteOrderMark) {
+  const std::string body = "\xef\xbb\xbf{\"model\":\"m\",\"a\":[1]}";
+  ASSERT_TRUE(inspect_request_body(body).ok());
+  std::string storage;
+  auto splice = splice_model(body, storage);
+  EXPECT_FALSE(storage.empty());
+  EXPECT_EQ(forwarded(splice, "up"), R"({"model":"up","a":[1]})");
+  EXPECT_EQ(forwarded(splice, "up", R"(,"x":true)"), R"({"model":"up","a":[1],"x":true})");
+
+  const std::string only_model = "\xef\xbb\xbf{\"model\":\"m\"}";
+  EXPECT_EQ(forwarded(splice_model(only_model, storage), "up"), R"({"model":"up"})");
 }
 
 TEST(JsonScan, AppendsEscapedStrings) {

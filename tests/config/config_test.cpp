@@ -488,6 +488,25 @@ TEST(ConfigErrors, EmptyDocument) {
 
 TEST(ConfigErrors, SeveralDocuments) {
   expect_error(kOneModel + "---\n" + kOneModel, "(root)", 6, "single YAML document");
+  expect_error(kOneModel + "---\n---\n" + kOneModel, "(root)", 6, "single YAML document");
+}
+
+// yaml-cpp 0.7 keeps reporting the same empty document for these, forever.
+TEST(ConfigErrors, StrayCommaIsAnErrorNotAHang) {
+  expect_error(",\n]", "(root)", 1, "invalid YAML");
+  expect_error("# sluice\n\n,{\n]\n", "(root)", 3, "invalid YAML");
+}
+
+// A control byte quoted from the config would cut the message short at a NUL
+// or reach the terminal as an escape sequence.
+TEST(ConfigErrors, ControlBytesInMessagesAreEscaped) {
+  std::string yaml = "models:\n  - name: \"a\\";
+  yaml += '\0';
+  yaml += "b\"\n";
+  const std::string message = load_error(yaml);
+  EXPECT_THAT(message, HasSubstr("\\x00"));
+  EXPECT_THAT(message, EndsWith("(line 2)"));
+  EXPECT_EQ(message.find('\0'), std::string::npos);
 }
 
 TEST(ConfigErrors, RootIsNotAMapping) {

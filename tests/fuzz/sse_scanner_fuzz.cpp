@@ -1,7 +1,4 @@
-// libFuzzer entry point for SseScanner. Not built by CMake; by hand:
-//   clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -I include \
-//     src/stream/sse_scanner.cpp tests/fuzz/sse_scanner_fuzz.cpp -o sse_scanner_fuzz
-//   ./sse_scanner_fuzz -max_total_time=60 tests/fuzz/corpus/sse_scanner
+// libFuzzer entry point for SseScanner; scripts/fuzz builds and runs it.
 //
 // The input is fed whole and in pieces cut at points derived from its bytes.
 // Checked: without stripping the client gets the input unchanged, as the very

@@ -16,7 +16,7 @@ struct ValueSpan {
 
 // Finds the value of `key` in the top-level object of `json` without building
 // a DOM, so a large body can be forwarded with one field replaced in place.
-// Keys are compared byte for byte (a key spelled with escapes is not found);
+// Keys are compared as decoded (a key spelled with escapes is found too);
 // with duplicate keys the last one wins, as in nlohmann::json. Returns nullopt
 // when the text is not an object or the key is absent.
 std::optional<ValueSpan> find_top_level_value(std::string_view json, std::string_view key);

@@ -29,4 +29,20 @@ inline constexpr int kMaxJsonDepth = 64;
 Result<RequestBody, ApiError> inspect_request_body(std::string_view body,
                                                    int max_depth = kMaxJsonDepth);
 
+// A body as forwarded upstream: before_model + the upstream model literal +
+// after_model + closing. Members may be added between after_model and closing
+// (which starts at the top-level object's closing brace).
+struct ModelSplice {
+  std::string_view before_model;
+  std::string_view after_model;
+  std::string_view closing;
+};
+
+// Splits a body accepted by inspect_request_body around its `model` value, so
+// only that value changes on the way upstream instead of re-serialising a large
+// body. When the text cannot be split in place (it starts with a byte order
+// mark) the body is parsed and re-serialised into `storage`, which the views
+// then point into.
+ModelSplice splice_model(std::string_view body, std::string& storage);
+
 }  // namespace sluice

@@ -1,0 +1,117 @@
+// libFuzzer entry point for the request body path of the pipeline:
+// inspect_request_body, then splice_model with an upstream model put in.
+//
+// Checked for every body inspect accepts: it is a JSON object whose `model`
+// is the string inspect reported; the body forwarded upstream (with and
+// without the include_usage member the gateway may add) parses, names the
+// upstream model and carries every other member unchanged. A body inspect
+// refuses must be one a JSON parser refuses too, or one that breaks the
+// gateway's own rules (not an object, no string model, nested too deep).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+#include "sluice/common/json_scan.hpp"
+#include "sluice/common/request_body.hpp"
+
+namespace {
+
+using json = nlohmann::json;
+
+[[noreturn]] void fail(const char* what) {
+  std::fprintf(stderr, "request body invariant broken: %s\n", what);
+  std::abort();
+}
+
+void check(bool condition, const char* what) {
+  if (!condition) fail(what);
+}
+
+// Deeper than kMaxJsonDepth is refused by inspect; the DOM parser below has
+// no limit of its own, so measure before handing it a body.
+int nesting_depth(const json& value) {
+  int deepest = 0;
+  if (value.is_structured()) {
+    for (const auto& child : value) deepest = std::max(deepest, nesting_depth(child));
+    return deepest + 1;
+  }
+  return 0;
+}
+
+// nlohmann stops at a NUL byte as if the input ended there; a raw NUL is
+// never valid JSON.
+json parse_or_discard(std::string_view text) {
+  if (text.find('\0') != std::string_view::npos) return json(json::value_t::discarded);
+  return json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+}
+
+void check_forwarded(std::string_view body, const json& document, std::string_view upstream_model) {
+  std::string storage;
+  const auto splice = sluice::splice_model(body, storage);
+  std::string literal;
+  sluice::append_json_string(literal, upstream_model);
+
+  json expected = document;
+  expected["model"] = upstream_model;
+  for (std::string_view addition :
+       {std::string_view{}, std::string_view{R"(,"stream_options":{"include_usage":true})"}}) {
+    std::string forwarded;
+    forwarded.append(splice.before_model).append(literal).append(splice.after_model);
+    forwarded.append(addition).append(splice.closing);
+    const auto sent = parse_or_discard(forwarded);
+    check(!sent.is_discarded(), "the forwarded body is not JSON");
+    check(sent.is_object(), "the forwarded body is not an object");
+    auto with_addition = expected;
+    if (!addition.empty()) with_addition["stream_options"] = {{"include_usage", true}};
+    check(sent == with_addition, "the forwarded body differs from the client's but for model");
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string_view body(reinterpret_cast<const char*>(data), size);
+  auto inspected = sluice::inspect_request_body(body);
+  const auto document = parse_or_discard(body);
+
+  if (!inspected.ok()) {
+    check(inspected.error().status == 400, "a refused body must be a 400");
+    const auto code = inspected.error().code;
+    if (code == "invalid_json") {
+      check(document.is_discarded() || nesting_depth(document) > sluice::kMaxJsonDepth,
+            "valid JSON within the depth limit refused as invalid_json");
+    } else {
+      check(!document.is_discarded(), "invalid JSON refused for another reason than invalid_json");
+      const auto model = document.is_object() ? document.find("model") : document.end();
+      const bool usable = document.is_object() && model != document.end() && model->is_string();
+      check(!usable, "an object with a string model was refused");
+    }
+    return 0;
+  }
+
+  check(!document.is_discarded(), "inspect accepted a body a JSON parser refuses");
+  check(document.is_object(), "inspect accepted something other than an object");
+  check(nesting_depth(document) <= sluice::kMaxJsonDepth,
+        "inspect accepted a body nested too deep");
+  const auto model = document.find("model");
+  check(model != document.end() && model->is_string(), "inspect accepted a body without a model");
+  check(model->get_ref<const std::string&>() == inspected->model, "inspect reported another model");
+  const auto stream = document.find("stream");
+  const bool streams = stream != document.end() && stream->is_boolean() && stream->get<bool>();
+  check(inspected->stream == streams, "inspect got `stream` wrong");
+  const auto options = document.find("stream_options");
+  const bool has_options = options != document.end() && options->is_object();
+  check(inspected->has_stream_options == has_options, "inspect got `stream_options` wrong");
+  const bool include_usage =
+      has_options && options->contains("include_usage") && (*options)["include_usage"] == true;
+  check(inspected->include_usage == include_usage, "inspect got `include_usage` wrong");
+
+  check_forwarded(body, document, "gpt-4o-mini");
+  check_forwarded(body, document, "odd \"upstream\\name\"\n");
+  return 0;
+}
