@@ -199,7 +199,7 @@ TEST(Proxy, DeadPooledConnectionIsReplacedOnce) {
   auto upstream = std::make_unique<mock::MockServer>(options);
   upstream->start();
   auto port = upstream->port();
-  TestGateway gateway(one_model(upstream->base_url()));
+  TestGateway gateway(one_model(upstream->base_url(), kNoWarmConnections));
 
   HttpConnection client(gateway.port());
   ASSERT_EQ(client.request("POST", "/v1/chat/completions", chat_body("chat", false)).status, 200u);
