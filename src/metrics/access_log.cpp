@@ -223,6 +223,11 @@ void render_json_line(const RequestRecord& record, std::string& out) {
   line.string("key", record.key_name);
   line.string("model", record.model);
   line.boolean("stream", record.stream);
+  if (record.cache.empty()) {
+    line.key("cache") += "null";
+  } else {
+    line.string("cache", record.cache);
+  }
   line.number("status", record.status);
   line.string("deployment", record.deployment);
   line.key("attempts") += '[';
@@ -290,6 +295,7 @@ void render_text_line(const RequestRecord& record, std::string& out) {
   text("model", record.model);
   key("stream");
   out += record.stream ? "true" : "false";
+  text("cache", record.cache);
   key("status");
   append_unsigned(out, record.status);
   text("deployment", record.deployment);

@@ -31,6 +31,8 @@ std::shared_ptr<const Snapshot> Snapshot::build(config::ConfigPtr config,
       std::make_shared<router::Router>(config, previous ? previous->router.get() : nullptr);
   snapshot->auth =
       std::make_shared<auth::AuthStage>(*config, previous ? previous->auth.get() : nullptr);
+  snapshot->caches =
+      std::make_shared<cache::Caches>(*config, previous ? previous->caches.get() : nullptr);
   nlohmann::json data = nlohmann::json::array();
   for (const auto& model : config->models) {
     data.push_back(

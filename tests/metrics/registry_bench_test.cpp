@@ -148,27 +148,29 @@ void render_with_nlohmann(const RequestRecord& record, std::string& out) {
   }
   std::string timestamp;
   append_rfc3339_utc(timestamp, record.timestamp);
-  nlohmann::json line = {{"ts", timestamp},
-                         {"request_id", record.request_id},
-                         {"trace_id", record.trace_id},
-                         {"key", record.key_name},
-                         {"model", record.model},
-                         {"stream", record.stream},
-                         {"status", record.status},
-                         {"deployment", record.deployment},
-                         {"attempts", std::move(attempts)},
-                         {"ttft_ms", optional(record.ttft_ms)},
-                         {"total_ms", record.total_ms},
-                         {"gateway_overhead_us", record.gateway_overhead_us},
-                         {"gap_p50_ms", optional(record.gap_p50_ms)},
-                         {"gap_max_ms", optional(record.gap_max_ms)},
-                         {"prompt_tokens", optional(record.prompt_tokens)},
-                         {"completion_tokens", optional(record.completion_tokens)},
-                         {"bytes_in", record.bytes_in},
-                         {"bytes_out", record.bytes_out},
-                         {"client_disconnected", record.client_disconnected},
-                         {"over_budget", nlohmann::json::array()},
-                         {"tags", record.tags}};
+  nlohmann::json line = {
+      {"ts", timestamp},
+      {"request_id", record.request_id},
+      {"trace_id", record.trace_id},
+      {"key", record.key_name},
+      {"model", record.model},
+      {"stream", record.stream},
+      {"cache", record.cache.empty() ? nlohmann::json() : nlohmann::json(record.cache)},
+      {"status", record.status},
+      {"deployment", record.deployment},
+      {"attempts", std::move(attempts)},
+      {"ttft_ms", optional(record.ttft_ms)},
+      {"total_ms", record.total_ms},
+      {"gateway_overhead_us", record.gateway_overhead_us},
+      {"gap_p50_ms", optional(record.gap_p50_ms)},
+      {"gap_max_ms", optional(record.gap_max_ms)},
+      {"prompt_tokens", optional(record.prompt_tokens)},
+      {"completion_tokens", optional(record.completion_tokens)},
+      {"bytes_in", record.bytes_in},
+      {"bytes_out", record.bytes_out},
+      {"client_disconnected", record.client_disconnected},
+      {"over_budget", nlohmann::json::array()},
+      {"tags", record.tags}};
   out = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

@@ -42,6 +42,9 @@ struct RequestRecord {
   std::string key_name;  // the client's key, by name (never the secret)
   std::string model;     // the public model name asked for
   bool stream = false;
+  // The response cache: "hit", "semantic_hit", "miss" (stored if it
+  // succeeds), "bypass" (Cache-Control: no-cache); empty when not consulted.
+  std::string cache;
   unsigned status = 0;
   std::string deployment;  // the one that answered; empty when none did
   std::vector<AttemptRecord> attempts;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "sluice/auth/stage.hpp"
+#include "sluice/cache/response_cache.hpp"
 #include "sluice/config/config.hpp"
 #include "sluice/metrics/access_log.hpp"
 #include "sluice/metrics/gateway_metrics.hpp"
@@ -31,6 +32,7 @@ struct Snapshot {
   std::shared_ptr<router::Router> router;
   std::shared_ptr<auth::AuthStage> auth;
   std::shared_ptr<metrics::SnapshotMetrics> metrics;
+  std::shared_ptr<cache::Caches> caches;  // carried over on reload, see Caches
   std::string models_json;  // GET /v1/models, rendered once
 
   static std::shared_ptr<const Snapshot> build(config::ConfigPtr config,
