@@ -752,12 +752,14 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
   context.record.model = model_name;
 
   CacheStep cache_step;
-  auto cached = co_await answer_from_cache(context, *endpoint, *inspected, cache_step);
-  if (cached) {
-    // Nothing was spent upstream: the request counts against rpm, its
-    // tokens are not charged.
-    auth.complete(admission, 0, Clock::now());
-    co_return *cached;
+  if (context.model->cache.mode != config::Cache::Mode::off) {
+    auto cached = co_await answer_from_cache(context, *endpoint, *inspected, cache_step);
+    if (cached) {
+      // Nothing was spent upstream: the request counts against rpm, its
+      // tokens are not charged.
+      auth.complete(admission, 0, Clock::now());
+      co_return *cached;
+    }
   }
 
   ProxyInputs inputs;

@@ -32,7 +32,8 @@ struct CacheStep {
   bool event_stream = false;
 };
 
-// Looks the request up when its model has a cache and the request may be
+// Looks the request up when its model has a cache (the caller checks the
+// mode first, so models without one pay nothing) and the request may be
 // cached (`temperature: 0` or `cache: true`, no `Cache-Control: no-cache`).
 // A hit is answered here and the result says whether the connection may be
 // kept; nullopt means go on upstream.
