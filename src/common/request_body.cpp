@@ -20,18 +20,24 @@ class BodyInspector : public nlohmann::json_sax<json> {
   bool boolean(bool v) override {
     value(Kind::other);
     if (depth_ == 1 && key_ == "stream") body.stream = v;
+    if (depth_ == 1 && key_ == "cache") body.cache = v;
     if (depth_ == 2 && in_stream_options_ && key_ == "include_usage") body.include_usage = v;
     return true;
   }
   bool number_integer(number_integer_t v) override {
     if (v >= 0) note_max_tokens(static_cast<std::uint64_t>(v));
+    note_temperature(v == 0);
     return value(Kind::number);
   }
   bool number_unsigned(number_unsigned_t v) override {
     note_max_tokens(v);
+    note_temperature(v == 0);
     return value(Kind::number);
   }
-  bool number_float(number_float_t, const string_t&) override { return value(Kind::number); }
+  bool number_float(number_float_t v, const string_t&) override {
+    note_temperature(v == 0);
+    return value(Kind::number);
+  }
   bool string(string_t& v) override {
     if (depth_ == 1 && key_ == "model") {
       body.model = std::move(v);
@@ -64,6 +70,11 @@ class BodyInspector : public nlohmann::json_sax<json> {
     if (depth_ == 1) {
       key_ = k;
       if (k == "model") has_model = true;
+      if (k == "cache") {
+        body.has_cache_field = true;
+        body.cache.reset();  // a repeated key: the last value wins
+      }
+      if (k == "temperature") body.zero_temperature = false;
     } else if (depth_ == 2 && in_stream_options_) {
       key_ = k;
     }
@@ -95,6 +106,9 @@ class BodyInspector : public nlohmann::json_sax<json> {
     }
     if (depth_ == 2 && in_stream_options_ && key_ == "include_usage") body.include_usage = false;
     return true;
+  }
+  void note_temperature(bool zero) {
+    if (depth_ == 1 && key_ == "temperature") body.zero_temperature = zero;
   }
   void note_max_tokens(std::uint64_t v) {
     if (depth_ == 1 && (key_ == "max_tokens" || key_ == "max_completion_tokens" ||

@@ -372,7 +372,7 @@ class Loader {
   void read_headers(const Located& at, Deployment& deployment) const;
   void read_ca_file(const Located& at, Deployment& deployment) const;
   std::vector<std::string> read_model_references(const Located& at, const std::string& owner);
-  void check_model_references(const Config& config) const;
+  void read_cache(const Located& at, const std::string& owner, Cache& cache);
 
   EnvLookup env_;
 
@@ -391,6 +391,14 @@ class Loader {
   std::vector<ModelReference> model_references_;
   // Rule targets likewise; they must name models with deployments.
   std::vector<ModelReference> rule_targets_;
+
+  // Semantic caches name their embedding model; checked like fallbacks.
+  std::vector<ModelReference> embedding_references_;
+
+  // Every referenced model must exist and must not be the one naming it
+  // (which "cannot <self_use>").
+  void check_model_references(const Config& config, const std::vector<ModelReference>& references,
+                              std::string_view self_use) const;
 };
 
 void Loader::read_server(const Located& at, Server& server) const {
@@ -705,7 +713,7 @@ void Loader::read_models(const Located& at, Config& config) {
 
 Model Loader::read_model(const Located& at) {
   MappingReader map(at, {"name", "strategy", "fallbacks", "context_window_fallbacks", "deployments",
-                         "shaping", "rules"});
+                         "shaping", "rules", "cache"});
   if (!at.node.IsMap()) fail(at, std::string("expected a mapping, got ") + type_name(at.node));
 
   Model model;
@@ -728,6 +736,7 @@ Model Loader::read_model(const Located& at) {
   if (auto value = map.get("context_window_fallbacks")) {
     model.context_window_fallbacks = read_model_references(*value, model.name);
   }
+  if (auto value = map.get("cache")) read_cache(*value, model.name, model.cache);
 
   if (auto value = map.get("shaping")) model.shaping = read_shaping(*value);
 
@@ -877,10 +886,42 @@ std::vector<std::string> Loader::read_model_references(const Located& at,
   return names;
 }
 
-void Loader::check_model_references(const Config& config) const {
-  for (const auto& reference : model_references_) {
+void Loader::read_cache(const Located& at, const std::string& owner, Cache& cache) {
+  MappingReader map(at, {"mode", "ttl", "max_entries", "semantic"});
+  if (auto value = map.get("mode")) {
+    cache.mode = read_enum<Cache::Mode>(*value, {{"off", Cache::Mode::off},
+                                                 {"exact", Cache::Mode::exact},
+                                                 {"semantic", Cache::Mode::semantic}});
+  }
+  if (auto value = map.get("ttl")) cache.ttl = read_positive_duration(*value);
+  if (auto value = map.get("max_entries")) cache.max_entries = read_size(*value, 1);
+  auto semantic_at = map.get("semantic");
+  if (semantic_at) {
+    MappingReader semantic(*semantic_at, {"embedding_model", "threshold"});
+    if (auto value = semantic.get("embedding_model")) {
+      cache.embedding_model = read_non_empty_string(*value);
+      embedding_references_.push_back({cache.embedding_model, owner, *value});
+    }
+    if (auto value = semantic.get("threshold")) {
+      cache.threshold = read_non_negative_double(*value);
+      if (cache.threshold <= 0 || cache.threshold > 1) {
+        fail(*value, "out of range: a cosine similarity greater than 0 and at most 1");
+      }
+    }
+  }
+  if (cache.mode == Cache::Mode::semantic && cache.embedding_model.empty()) {
+    fail(join_path(join_path(at.path, "semantic"), "embedding_model"),
+         "missing required key: semantic mode needs the model that embeds the last user message",
+         semantic_at ? semantic_at->line : map.get("mode")->line);
+  }
+}
+
+void Loader::check_model_references(const Config& config,
+                                    const std::vector<ModelReference>& references,
+                                    std::string_view self_use) const {
+  for (const auto& reference : references) {
     if (reference.name == reference.owner) {
-      fail(reference.at, "model '" + reference.name + "' cannot fall back to itself");
+      fail(reference.at, "model '" + reference.name + "' cannot " + std::string(self_use));
     }
     const Model* target = config.find_model(reference.name);
     if (!target) {
@@ -908,7 +949,7 @@ void Loader::check_model_references(const Config& config) const {
 Deployment Loader::read_deployment(const Located& at, const std::string& model_name,
                                    std::size_t deployment_index) {
   MappingReader map(at, {"id", "base_url", "api_key", "model", "headers", "timeouts", "tls_verify",
-                         "ca_file", "weight", "max_parallel", "rpm"});
+                         "ca_file", "weight", "max_parallel", "rpm", "warm_connections"});
   if (!at.node.IsMap()) fail(at, std::string("expected a mapping, got ") + type_name(at.node));
 
   Deployment deployment;
@@ -949,6 +990,10 @@ Deployment Loader::read_deployment(const Located& at, const std::string& model_n
   if (auto value = map.get("weight")) deployment.weight = read_uint(*value, 1);
   if (auto value = map.get("max_parallel")) deployment.max_parallel = read_uint(*value, 0);
   if (auto value = map.get("rpm")) deployment.rpm = read_uint(*value, 0);
+  // More than this per thread is a typo, not a pool.
+  if (auto value = map.get("warm_connections")) {
+    deployment.warm_connections = read_uint(*value, 0, 1024);
+  }
   return deployment;
 }
 
@@ -1036,7 +1081,8 @@ Config Loader::load(const Located& root) {
     read_auth(auth_at, config.auth);
   }
   read_models(map.require("models"), config);
-  check_model_references(config);
+  check_model_references(config, model_references_, "fall back to itself");
+  check_model_references(config, embedding_references_, "embed its own requests");
   return config;
 }
 

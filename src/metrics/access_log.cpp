@@ -225,6 +225,11 @@ void render_json_line(const RequestRecord& record, std::string& out) {
   line.string("routed_to", record.routed_to);
   line.string("shaped", record.shaped);
   line.boolean("stream", record.stream);
+  if (record.cache.empty()) {
+    line.key("cache") += "null";
+  } else {
+    line.string("cache", record.cache);
+  }
   line.number("status", record.status);
   line.string("deployment", record.deployment);
   line.key("attempts") += '[';
@@ -294,6 +299,7 @@ void render_text_line(const RequestRecord& record, std::string& out) {
   text("shaped", record.shaped);
   key("stream");
   out += record.stream ? "true" : "false";
+  text("cache", record.cache);
   key("status");
   append_unsigned(out, record.status);
   text("deployment", record.deployment);

@@ -1,6 +1,7 @@
 #include "sluice/server/gateway.hpp"
 
 #include <spdlog/spdlog.h>
+#include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -30,6 +31,8 @@ std::shared_ptr<const Snapshot> Snapshot::build(config::ConfigPtr config,
       std::make_shared<router::Router>(config, previous ? previous->router.get() : nullptr);
   snapshot->auth =
       std::make_shared<auth::AuthStage>(*config, previous ? previous->auth.get() : nullptr);
+  snapshot->caches =
+      std::make_shared<cache::Caches>(*config, previous ? previous->caches.get() : nullptr);
   nlohmann::json data = nlohmann::json::array();
   for (const auto& model : config->models) {
     data.push_back(
@@ -61,6 +64,43 @@ void Worker::close_idle_connections() {
       connection->socket->cancel(ignored);
     }
   }
+}
+
+void Worker::keep_warm() {
+  struct Wanted {
+    upstream::Origin origin;
+    std::size_t count = 0;
+    std::chrono::milliseconds connect_timeout{0};
+  };
+  std::unordered_map<std::string, Wanted> wanted;
+  auto snapshot = gateway_.snapshot();
+  for (const auto& model : snapshot->config->models) {
+    for (const auto& deployment : model.deployments) {
+      if (deployment.warm_connections == 0) continue;
+      auto origin = upstream::Origin::from(deployment);
+      auto& entry = wanted[origin.key()];
+      if (entry.count == 0) entry.origin = std::move(origin);
+      entry.count += deployment.warm_connections;
+      entry.connect_timeout = std::max(entry.connect_timeout, deployment.timeouts.connect);
+    }
+  }
+  for (auto& [key, entry] : wanted) {
+    // More than the pool keeps would be closed as soon as they were opened.
+    auto target = std::min<std::size_t>(entry.count, pool_.options().max_idle_per_origin);
+    for (auto have = pool_.idle_count(key) + warming_[key]; have < target; ++have) {
+      ++warming_[key];
+      net::co_spawn(context_, warm_one(key, entry.origin, entry.connect_timeout), net::detached);
+    }
+  }
+}
+
+net::awaitable<void> Worker::warm_one(std::string origin_key, upstream::Origin origin,
+                                      std::chrono::milliseconds connect_timeout) {
+  upstream::Limits limits;
+  limits.connect = connect_timeout;
+  auto error = co_await client_.warm(origin, limits);
+  --warming_[origin_key];
+  if (error) spdlog::debug("warming a connection to {} failed: {}", origin_key, error->describe());
 }
 
 std::uint64_t Worker::next_random() { return random_(); }
@@ -124,6 +164,11 @@ std::string Gateway::listen_url() const {
 void Gateway::apply(config::ConfigPtr config) {
   auto previous = snapshot_.load();
   snapshot_.store(Snapshot::build(std::move(config), *metrics_, previous.get()));
+  std::lock_guard lock(lifecycle_mutex_);
+  if (!running_) return;
+  for (auto& worker : workers_) {
+    net::post(worker->context(), [w = worker.get()] { w->keep_warm(); });
+  }
 }
 
 namespace {
@@ -154,14 +199,19 @@ net::awaitable<void> accept_connections(Gateway& gateway, tcp::acceptor& accepto
 }
 
 net::awaitable<void> sweep_idle_connections(Worker& worker) {
+  using std::chrono::milliseconds;
   net::steady_timer timer(worker.context());
+  worker.keep_warm();
   for (;;) {
+    // Often enough that a warm connection the upstream closed is replaced
+    // within seconds.
     auto expiry = worker.pool().options().idle_expiry;
     timer.expires_after(
-        std::max<std::chrono::milliseconds>(expiry / 2, std::chrono::milliseconds(250)));
+        std::clamp<milliseconds>(expiry / 2, milliseconds(250), milliseconds(5000)));
     auto [ec] = co_await timer.async_wait(as_tuple(use_awaitable));
     if (ec) co_return;
     worker.pool().close_expired(Clock::now());
+    worker.keep_warm();
   }
 }
 

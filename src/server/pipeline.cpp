@@ -17,6 +17,7 @@
 #include "sluice/common/request_body.hpp"
 #include "sluice/metrics/budgets.hpp"
 #include "sluice/metrics/server_timing.hpp"
+#include "sluice/server/cache_step.hpp"
 #include "sluice/shaping/shaping.hpp"
 #include "sluice/stream/client_watch.hpp"
 #include "sluice/stream/relay.hpp"
@@ -94,16 +95,27 @@ std::optional<std::chrono::milliseconds> retry_after(const upstream::Exchange& e
   return std::chrono::seconds(seconds);
 }
 
-// Reads a (small) error body whole, so it can be classified and, when it is
-// returned to the client, sent with a Content-Length.
-net::awaitable<std::string> read_error_body(upstream::Exchange& exchange, std::vector<char>& buffer) {
-  constexpr std::size_t kMaxErrorBody = 256 * 1024;
-  std::string body;
-  while (body.size() < kMaxErrorBody) {
+constexpr std::size_t kMaxErrorBody = 256 * 1024;
+
+// Appends the body to `body` until its end or `limit` bytes; returns whether
+// it was read to its end.
+net::awaitable<bool> read_body_into(upstream::Exchange& exchange, std::vector<char>& buffer,
+                                    std::size_t limit, std::string& body) {
+  while (body.size() < limit) {
     auto read = co_await exchange.read_body(buffer.data(), buffer.size());
-    if (!read || read.value() == 0) break;
+    if (!read) co_return false;
+    if (read.value() == 0) co_return true;
     body.append(buffer.data(), read.value());
   }
+  co_return exchange.finished();
+}
+
+// Reads a (small) error body whole, so it can be classified and, when it is
+// returned to the client, sent with a Content-Length.
+net::awaitable<std::string> read_error_body(upstream::Exchange& exchange,
+                                            std::vector<char>& buffer) {
+  std::string body;
+  co_await read_body_into(exchange, buffer, kMaxErrorBody, body);
   co_return body;
 }
 
@@ -184,6 +196,7 @@ struct ProxyInputs {
   std::string_view body_addition;
   std::string_view body_closing;
   bool strip_usage_only_chunks = false;
+  CacheStep* cache_step = nullptr;  // set when the answer may be cached
 };
 
 using StartResult = Result<std::unique_ptr<upstream::Exchange>, upstream::UpstreamError>;
@@ -216,9 +229,8 @@ net::awaitable<void> run_attempt(upstream::Client& client, AttemptTask& task,
   wakeup.cancel();
 }
 
-void launch(RequestContext& context, const ProxyInputs& inputs, AttemptTask& task,
-            const router::Attempt& attempt, stream::ClientWatch& watch,
-            net::steady_timer& wakeup) {
+// Fills in the request `task` sends to the attempt's deployment.
+void prepare_attempt(const ProxyInputs& inputs, AttemptTask& task, const router::Attempt& attempt) {
   const auto& deployment = *attempt.deployment;
   task.attempt = attempt;
   append_json_string(task.model_literal, deployment.upstream_model);
@@ -234,6 +246,11 @@ void launch(RequestContext& context, const ProxyInputs& inputs, AttemptTask& tas
   task.limits = upstream::Limits{deployment.timeouts.connect, deployment.timeouts.ttft,
                                  deployment.timeouts.idle,
                                  task.started_at + deployment.timeouts.total};
+}
+
+void launch(RequestContext& context, const ProxyInputs& inputs, AttemptTask& task,
+            const router::Attempt& attempt, stream::ClientWatch& watch, net::steady_timer& wakeup) {
+  prepare_attempt(inputs, task, attempt);
   task.launched = task.running = true;
   watch.watch(&task.abort_handle);
   net::co_spawn(context.client.get_executor(),
@@ -436,8 +453,17 @@ net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
     auto model_metrics = context.snapshot->metrics->model(*context.model);
     stream::RelayOptions relay_options{inputs.strip_usage_only_chunks, &context.gaps,
                                        &model_metrics.inter_token_gap, context.worker.index()};
+    if (inputs.cache_step) {
+      relay_options.capture = &inputs.cache_step->captured;
+      relay_options.capture_limit = kMaxCachedResponseBytes;
+    }
     auto outcome = co_await relay.run(exchange, sluice_fields(context), context.keep_alive,
                                       relay_options);
+    if (inputs.cache_step) {
+      inputs.cache_step->complete =
+          outcome.complete && !outcome.capture_overflowed && exchange.status() == 200;
+      inputs.cache_step->event_stream = exchange.is_event_stream();
+    }
     if (outcome.first_write != TimePoint{}) {
       context.gateway_time += outcome.first_write - timing.first_byte;
       context.record.ttft_ms = to_ms(outcome.first_write - context.head_started);
@@ -476,11 +502,74 @@ net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
 
 }  // namespace
 
-net::awaitable<bool> respond_json(RequestContext& context, unsigned status, std::string_view body,
+net::awaitable<bool> respond_body(RequestContext& context, unsigned status,
+                                  std::string_view content_type, std::string_view body,
                                   std::string_view extra_fields) {
   std::string fields = sluice_fields(context);
   fields.append(extra_fields);
-  co_return co_await write_response(context, status, "application/json", body, fields);
+  co_return co_await write_response(context, status, content_type, body, fields);
+}
+
+net::awaitable<bool> respond_json(RequestContext& context, unsigned status, std::string_view body,
+                                  std::string_view extra_fields) {
+  co_return co_await respond_body(context, status, "application/json", body, extra_fields);
+}
+
+net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& context,
+                                                            const config::Model& model,
+                                                            std::string_view endpoint,
+                                                            std::string_view body_after_model) {
+  constexpr std::size_t kMaxInternalBody = 16 * 1024 * 1024;
+  ProxyInputs inputs;
+  inputs.endpoint = endpoint;
+  inputs.forward_fields =
+      "Content-Type: application/json\r\nx-request-id: " + context.request_id + "\r\n";
+  inputs.body_prefix = R"({"model":)";
+  inputs.body_suffix = body_after_model;
+  auto plan = context.snapshot->router->plan(model, false, context.worker.next_random());
+  std::string failure = "no deployment of model `" + model.name + "` can take the request now";
+
+  while (auto attempt = plan.next(Clock::now())) {
+    if (attempt->wait > 0ms) {
+      net::steady_timer pause(context.client.get_executor(), attempt->wait);
+      co_await pause.async_wait(as_tuple(use_awaitable));
+    }
+    const auto& deployment = *attempt->deployment;
+    AttemptTask task;
+    prepare_attempt(inputs, task, *attempt);
+    auto result = co_await context.worker.client().start(
+        upstream::Origin::from(deployment), task.request, task.limits, task.abort_handle);
+    if (!result) {
+      const auto& error = result.error();
+      plan.report(*attempt,
+                  {router::ResultKind::retriable, error.is_timeout(), std::nullopt, std::nullopt},
+                  Clock::now());
+      failure = "deployment " + deployment.id + " failed: " + error.describe();
+      if (!plan.can_retry()) break;
+      continue;
+    }
+    auto& exchange = *result.value();
+    auto ttft = std::chrono::duration_cast<router::Micros>(exchange.timing().first_byte -
+                                                           exchange.timing().sent);
+    std::string body;
+    if (exchange.status() >= 400) {
+      co_await read_body_into(exchange, context.relay_buffer, kMaxErrorBody, body);
+      auto kind = router::classify_status(exchange.status(), body);
+      plan.report(*attempt, {kind, false, ttft, retry_after(exchange)}, Clock::now());
+      failure = "deployment " + deployment.id + " answered " + std::to_string(exchange.status());
+      if (kind == router::ResultKind::client_error || !plan.can_retry()) break;
+      continue;
+    }
+    plan.report(*attempt, {router::ResultKind::success, false, ttft, std::nullopt}, Clock::now());
+    bool complete = co_await read_body_into(exchange, context.relay_buffer, kMaxInternalBody, body);
+    plan.finish(*attempt, complete,
+                std::chrono::duration_cast<router::Micros>(Clock::now() - task.started_at),
+                Clock::now());
+    if (complete) co_return body;
+    failure = "deployment " + deployment.id + ": the response broke off or was too large";
+    if (!plan.can_retry()) break;
+  }
+  co_return ApiError::upstream_unreachable(std::move(failure));
 }
 
 net::awaitable<bool> respond_error(RequestContext& context, const ApiError& error,
@@ -698,24 +787,47 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
     }
   }
 
+  CacheStep cache_step;
+  if (context.model->cache.mode != config::Cache::Mode::off) {
+    auto cached = co_await answer_from_cache(context, *endpoint, *inspected, cache_step);
+    if (cached) {
+      // Nothing was spent upstream: the request counts against rpm, its
+      // tokens are not charged.
+      auth.complete(admission, 0, Clock::now());
+      co_return *cached;
+    }
+  }
+
   ProxyInputs inputs;
   inputs.endpoint = *endpoint;
   inputs.query = query;
   auto next_random = [&worker = context.worker] { return worker.next_random(); };
   inputs.forward_fields = forwarded_fields(request, context.request_id,
                                            metrics::next_hop(context.trace, next_random).traceparent());
+  if (cache_step.cache) inputs.cache_step = &cache_step;
+  // `cache` is sluice's own field, never sent upstream; a body without it is
+  // forwarded as it came.
+  std::string without_cache_field;
+  std::string_view forwarded = body;
+  if (inspected->has_cache_field) {
+    auto json = nlohmann::json::parse(body);
+    json.erase("cache");
+    without_cache_field = json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    forwarded = without_cache_field;
+  }
   std::string respliced;
-  const auto splice = splice_model(body, respliced);
+  const auto splice = splice_model(forwarded, respliced);
   inputs.body_prefix = splice.before_model;
   inputs.body_suffix = splice.after_model;
   inputs.body_closing = splice.closing;
 
-  // A key with a token budget needs the real usage of every stream: ask the
-  // upstream for the usage chunk when the client did not, and keep that
+  // A key with a token budget needs the real usage of every stream, and so
+  // does a cache entry that may be replayed to a client asking for it: ask
+  // the upstream for the usage chunk when the client did not, and keep that
   // chunk from the client.
   constexpr std::string_view kIncludeUsage = R"(,"stream_options":{"include_usage":true})";
-  bool wants_usage = context.key && context.key->limits.tpm > 0 && context.stream &&
-                     !inspected->has_stream_options &&
+  bool wants_usage = ((context.key && context.key->limits.tpm > 0) || inputs.cache_step) &&
+                     context.stream && !inspected->has_stream_options &&
                      (*endpoint == "/chat/completions" || *endpoint == "/completions");
   if (wants_usage) {
     inputs.body_addition = kIncludeUsage;
@@ -730,6 +842,7 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
   auth.complete(admission, context.usage_tokens, Clock::now());
   co_await watch.stop();
   context.client_gone = watch.client_gone();
+  remember_response(cache_step);
   co_return keep && !watch.client_gone();
 }
 

@@ -183,6 +183,14 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
       co_return outcome;
     }
     std::string_view piece(buffer_.data(), n);
+    if (options.capture && !outcome.capture_overflowed) {
+      outcome.capture_overflowed = options.capture->size() + n > options.capture_limit;
+      if (outcome.capture_overflowed) {
+        options.capture->clear();
+      } else {
+        options.capture->append(piece);
+      }
+    }
     bool written;
     if (scanner) {
       if (options.gaps) {

@@ -24,4 +24,18 @@ void Connection::close() {
 
 bool Connection::is_open() { return tcp().socket().is_open(); }
 
+bool Connection::peer_closed() {
+  auto& socket = tcp().socket();
+  if (!socket.is_open()) return true;
+  error_code ec;
+  bool was_non_blocking = socket.non_blocking();
+  socket.non_blocking(true, ec);
+  if (ec) return false;
+  char byte;
+  socket.receive(boost::asio::buffer(&byte, 1), boost::asio::socket_base::message_peek, ec);
+  error_code ignored;
+  socket.non_blocking(was_non_blocking, ignored);
+  return ec != boost::asio::error::would_block;
+}
+
 }  // namespace sluice::upstream

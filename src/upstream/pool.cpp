@@ -43,13 +43,18 @@ void Pool::give_back(std::unique_ptr<Connection> connection, TimePoint now) {
 void Pool::close_expired(TimePoint now) {
   for (auto& [key, stack] : idle_) {
     auto expired = [&](const std::unique_ptr<Connection>& c) {
-      return now - c->idle_since >= options_.idle_expiry;
+      return now - c->idle_since >= options_.idle_expiry || c->peer_closed();
     };
     auto first_kept = std::stable_partition(stack.begin(), stack.end(), expired);
     for (auto it = stack.begin(); it != first_kept; ++it) (*it)->close();
     counters_.idle.fetch_sub(first_kept - stack.begin(), std::memory_order_relaxed);
     stack.erase(stack.begin(), first_kept);
   }
+}
+
+std::size_t Pool::idle_count(const std::string& origin_key) const {
+  auto it = idle_.find(origin_key);
+  return it == idle_.end() ? 0 : it->second.size();
 }
 
 void Pool::close_all() {

@@ -28,6 +28,36 @@ TEST(RequestBody, DefaultsWhenFieldsAreAbsent) {
   EXPECT_FALSE(body->has_stream_options);
 }
 
+TEST(RequestBody, NotesWhatMakesARequestCacheable) {
+  auto plain = inspect_request_body(R"({"model":"m","temperature":0.7})");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->zero_temperature);
+  EXPECT_FALSE(plain->has_cache_field);
+  EXPECT_FALSE(plain->cache.has_value());
+
+  for (const char* zero : {"0", "0.0", "-0.0"}) {
+    auto body = inspect_request_body(std::string(R"({"model":"m","temperature":)") + zero + "}");
+    ASSERT_TRUE(body.ok());
+    EXPECT_TRUE(body->zero_temperature) << zero;
+  }
+  auto nested = inspect_request_body(
+      R"({"model":"m","temperature":1,"tools":[{"temperature":0,"cache":true}]})");
+  EXPECT_FALSE(nested->zero_temperature);
+  EXPECT_FALSE(nested->has_cache_field);
+
+  auto flagged = inspect_request_body(R"({"model":"m","cache":true})");
+  EXPECT_TRUE(flagged->has_cache_field);
+  EXPECT_EQ(flagged->cache, true);
+  auto declined = inspect_request_body(R"({"model":"m","cache":false,"temperature":0})");
+  EXPECT_EQ(declined->cache, false);
+  auto odd = inspect_request_body(R"({"model":"m","cache":"yes"})");
+  EXPECT_TRUE(odd->has_cache_field);
+  EXPECT_FALSE(odd->cache.has_value());
+  // Repeated keys: the last value counts, as in a parsed document.
+  auto repeated = inspect_request_body(R"({"model":"m","temperature":0,"temperature":1})");
+  EXPECT_FALSE(repeated->zero_temperature);
+}
+
 TEST(RequestBody, RejectsWhatTheGatewayCannotForward) {
   struct Case {
     const char* body;

@@ -115,6 +115,13 @@ models:
       - id: e2e-embed-mock
         base_url: ${baseUrl}
         model: mock-model
+
+  - name: e2e-cached
+    cache: {mode: exact}
+    deployments:
+      - id: e2e-cached-mock
+        base_url: ${baseUrl}
+        model: mock-model
 `;
 }
 
@@ -206,6 +213,31 @@ describe('OpenAI Node SDK through sluice', { timeout: 30000 }, () => {
     assert.ok(Array.isArray(vector), 'embedding is not an array');
     assert.ok(vector.length > 0, 'embedding is empty');
     for (const value of vector) assert.ok(Number.isFinite(value), `not a number: ${value}`);
+  });
+
+  test('a cached answer is replayed as a stream the SDK reads', async () => {
+    const request = { model: 'e2e-cached', messages, temperature: 0 };
+    const { data: first, response: missed } =
+      await client.chat.completions.create(request).withResponse();
+    assert.equal(missed.headers.get('x-sluice-cache'), 'miss');
+    const { data: stream, response: hit } = await client.chat.completions
+      .create({ ...request, stream: true, stream_options: { include_usage: true } })
+      .withResponse();
+    assert.equal(hit.headers.get('x-sluice-cache'), 'hit');
+    let text = '';
+    let finishReason = null;
+    let usage = null;
+    for await (const chunk of stream) {
+      assert.equal(chunk.object, 'chat.completion.chunk');
+      for (const choice of chunk.choices) {
+        if (typeof choice.delta?.content === 'string') text += choice.delta.content;
+        if (choice.finish_reason) finishReason = choice.finish_reason;
+      }
+      if (chunk.usage) usage = chunk.usage;
+    }
+    assert.equal(text, first.choices[0].message.content);
+    assert.equal(finishReason, 'stop');
+    assert.deepEqual(usage, first.usage);
   });
 
   test('models.list', async () => {

@@ -33,6 +33,7 @@ RequestRecord full_record() {
   record.routed_to = "gpt-4o-mini";
   record.shaped = "trimmed,max_tokens";
   record.stream = true;
+  record.cache = "miss";
   record.status = 200;
   record.deployment = "openai-1";
   record.attempts.push_back({"azure-1", "timeout", 1.25, 3.5, std::nullopt, false});
@@ -72,6 +73,7 @@ TEST(AccessLogJson, EveryFieldIsPresentWithItsValue) {
                                           "routed_to",
                                           "shaped",
                                           "stream",
+                                          "cache",
                                           "status",
                                           "deployment",
                                           "attempts",
@@ -122,6 +124,7 @@ TEST(AccessLogJson, EveryFieldIsPresentWithItsValue) {
   EXPECT_EQ(json["client_disconnected"], false);
   EXPECT_EQ(json["over_budget"], nlohmann::json::array({"total"}));
   EXPECT_EQ(json["tags"], nlohmann::json::array({"cache:miss", "shaped:rpm"}));
+  EXPECT_EQ(json["cache"], "miss");
 }
 
 TEST(AccessLogJson, UnknownValuesAreNullAndTheSchemaStaysTheSame) {
@@ -131,7 +134,8 @@ TEST(AccessLogJson, UnknownValuesAreNullAndTheSchemaStaysTheSame) {
   std::string line;
   render_json_line(record, line);
   const nlohmann::json json = parse_line(line);
-  EXPECT_EQ(json.size(), 23u);
+  EXPECT_EQ(json.size(), 24u);
+  EXPECT_TRUE(json["cache"].is_null());
   EXPECT_EQ(json["ts"], "1970-01-01T00:00:00.000Z");
   EXPECT_TRUE(json["ttft_ms"].is_null());
   EXPECT_TRUE(json["total_ms"].is_null());
@@ -180,7 +184,7 @@ TEST(AccessLogText, IsOneLogfmtLine) {
   EXPECT_EQ(line.find('\n'), std::string::npos);
   EXPECT_TRUE(line.starts_with("ts=2024-05-01T12:34:56.789Z request_id=req-1 ")) << line;
   EXPECT_NE(line.find(" key=\"has space\" "), std::string::npos) << line;
-  EXPECT_NE(line.find(" status=200 "), std::string::npos) << line;
+  EXPECT_NE(line.find(" cache=miss status=200 "), std::string::npos) << line;
   EXPECT_NE(line.find(" model=gpt-4o routed_to=gpt-4o-mini shaped=trimmed,max_tokens "),
             std::string::npos)
       << line;

@@ -33,6 +33,9 @@ std::map<std::string, double> parse_prometheus(const std::string& text) {
   return samples;
 }
 
+// For tests about a request's own upstream connect.
+const std::string kNoWarmConnections = "        warm_connections: 0\n";
+
 std::map<std::string, double> scrape(TestGateway& gateway) {
   auto response = http_request(gateway.gateway().admin_port(), "GET", "/metrics");
   EXPECT_EQ(response.status, 200u);
@@ -76,9 +79,10 @@ TEST(Observability, RequestOverItsBudgetIsCounted) {
   mock::Behaviour behaviour;
   behaviour.ttft = 60ms;
   auto upstream = start_mock(behaviour);
-  TestGateway gateway("budgets:\n  upstream_ttfb: 20ms\n  gateway: 5s\n"
-                      "models:\n  - name: chat\n    deployments:\n" +
-                      deployment_yaml("d1", upstream->base_url()));
+  TestGateway gateway(
+      "budgets:\n  upstream_ttfb: 20ms\n  gateway: 5s\n"
+      "models:\n  - name: chat\n    deployments:\n" +
+      deployment_yaml("d1", upstream->base_url(), kNoWarmConnections));
   // One client connection: both requests run on one worker and its pool.
   HttpConnection client(gateway.port());
   ASSERT_EQ(client.request("POST", "/v1/chat/completions", chat_body("chat", false)).status, 200u);
@@ -142,7 +146,7 @@ TEST(Observability, ServerTimingOnEveryResponse) {
   behaviour.ttft = 30ms;
   auto upstream = start_mock(behaviour);
   TestGateway gateway("models:\n  - name: chat\n    deployments:\n" +
-                      deployment_yaml("d1", upstream->base_url()));
+                      deployment_yaml("d1", upstream->base_url(), kNoWarmConnections));
   auto proxied =
       http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
   auto timing = proxied.header("server-timing");

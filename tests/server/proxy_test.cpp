@@ -15,6 +15,9 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
+// Tests that count upstream connections open every one themselves.
+const std::string kNoWarmConnections = "        warm_connections: 0\n";
+
 std::string one_model(const std::string& base_url, const std::string& extra = "",
                       const std::string& server = "") {
   return server + "models:\n  - name: chat\n    deployments:\n" +
@@ -68,7 +71,7 @@ TEST(Proxy, WholeStreamIsRelayedIntactAndEndsWithDone) {
 
 TEST(Proxy, HundredSequentialRequestsUseOneUpstreamConnection) {
   auto upstream = start_mock();
-  TestGateway gateway(one_model(upstream->base_url()));
+  TestGateway gateway(one_model(upstream->base_url(), kNoWarmConnections));
 
   HttpConnection client(gateway.port());
   for (int i = 0; i < 100; ++i) {
@@ -89,7 +92,7 @@ TEST(Proxy, ClientDisconnectCancelsUpstreamWithin100ms) {
   behaviour.interval = 3000ms;
   behaviour.tokens = 4;
   auto upstream = start_mock(behaviour);
-  TestGateway gateway(one_model(upstream->base_url()));
+  TestGateway gateway(one_model(upstream->base_url(), kNoWarmConnections));
 
   {
     HttpConnection client(gateway.port());
@@ -112,7 +115,7 @@ TEST(Proxy, ClientDisconnectWhileWaitingForFirstByteCancelsUpstream) {
   mock::Behaviour behaviour;
   behaviour.ttft = 5000ms;
   auto upstream = start_mock(behaviour);
-  TestGateway gateway(one_model(upstream->base_url()));
+  TestGateway gateway(one_model(upstream->base_url(), kNoWarmConnections));
 
   HttpConnection client(gateway.port());
   client.send("POST", "/v1/chat/completions", chat_body("chat", true));
@@ -196,7 +199,7 @@ TEST(Proxy, DeadPooledConnectionIsReplacedOnce) {
   auto upstream = std::make_unique<mock::MockServer>(options);
   upstream->start();
   auto port = upstream->port();
-  TestGateway gateway(one_model(upstream->base_url()));
+  TestGateway gateway(one_model(upstream->base_url(), kNoWarmConnections));
 
   HttpConnection client(gateway.port());
   ASSERT_EQ(client.request("POST", "/v1/chat/completions", chat_body("chat", false)).status, 200u);

@@ -14,9 +14,10 @@ namespace {
 using namespace std::chrono_literals;
 using nlohmann::json;
 
+// No warm connections: the connections these tests count are the request's.
 std::string model_with(const std::string& base_url, const std::string& timeouts) {
   return "router:\n  retries: 0\nmodels:\n  - name: chat\n    deployments:\n" +
-         deployment_yaml("d1", base_url, timeouts);
+         deployment_yaml("d1", base_url, "        warm_connections: 0\n" + timeouts);
 }
 
 json last_event(const std::string& body) {

@@ -18,6 +18,11 @@ struct RequestBody {
   std::optional<std::uint64_t> max_tokens;  // max_tokens, max_completion_tokens or max_output_tokens
   bool include_usage = false;               // stream_options.include_usage
   bool has_stream_options = false;
+  bool zero_temperature = false;  // temperature is the number 0
+  // sluice's own `cache` field, which is never forwarded: present at all,
+  // and its value when it is a boolean.
+  bool has_cache_field = false;
+  std::optional<bool> cache;
 };
 
 // Nesting deeper than this is refused: nothing OpenAI accepts comes close,

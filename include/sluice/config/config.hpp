@@ -50,6 +50,9 @@ struct Deployment {
   unsigned weight = 1;
   unsigned max_parallel = 0;   // 0 = unlimited
   unsigned rpm = 0;            // 0 = unlimited
+  // Idle connections each event-loop thread keeps open to this deployment,
+  // so a first request pays no TCP/TLS handshake; 0 = none.
+  unsigned warm_connections = 1;
 };
 
 enum class Strategy { latency, round_robin, weighted, least_busy, priority };
@@ -92,6 +95,19 @@ struct Rule {
   std::string model;                  // a model with deployments
 };
 
+// Response cache of one model. Off unless the model's config turns it on.
+struct Cache {
+  enum class Mode { off, exact, semantic } mode = Mode::off;
+  Duration ttl{600000};
+  std::size_t max_entries = 10000;
+  // Semantic mode only: the model (of this config) that embeds the last user
+  // message, and the cosine similarity at or above which an entry matches.
+  std::string embedding_model;
+  double threshold = 0.95;
+
+  bool operator==(const Cache&) const = default;
+};
+
 struct Model {
   std::string name;
   Strategy strategy = Strategy::latency;
@@ -102,6 +118,7 @@ struct Model {
   // A routing model: dispatches each request to the first matching rule's
   // model instead of having deployments of its own.
   std::vector<Rule> rules;
+  Cache cache;
 };
 
 struct Server {

@@ -44,6 +44,9 @@ struct RequestRecord {
   std::string routed_to;  // the model a rule picked for `model`; empty when none did
   std::string shaped;     // the shaping changes made, as in x-sluice-shaped; empty for none
   bool stream = false;
+  // The response cache: "hit", "semantic_hit", "miss" (stored if it
+  // succeeds), "bypass" (Cache-Control: no-cache); empty when not consulted.
+  std::string cache;
   unsigned status = 0;
   std::string deployment;  // the one that answered; empty when none did
   std::vector<AttemptRecord> attempts;

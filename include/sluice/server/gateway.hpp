@@ -9,10 +9,12 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "sluice/auth/stage.hpp"
+#include "sluice/cache/response_cache.hpp"
 #include "sluice/common/xorshift.hpp"
 #include "sluice/config/config.hpp"
 #include "sluice/metrics/access_log.hpp"
@@ -31,6 +33,7 @@ struct Snapshot {
   std::shared_ptr<router::Router> router;
   std::shared_ptr<auth::AuthStage> auth;
   std::shared_ptr<metrics::SnapshotMetrics> metrics;
+  std::shared_ptr<cache::Caches> caches;  // carried over on reload, see Caches
   std::string models_json;  // GET /v1/models, rendered once
 
   static std::shared_ptr<const Snapshot> build(config::ConfigPtr config,
@@ -68,10 +71,20 @@ class Worker {
   // Closes the connections that wait idle for a next request; busy ones
   // finish their request and then close, because the gateway is draining.
   void close_idle_connections();
+  // Starts opening connections until each upstream origin of the current
+  // config has its deployments' warm_connections idle in this worker's pool
+  // (each worker has its own pool, so N workers open N times as many).
+  // Failures are logged at debug and tried again on the next call.
+  void keep_warm();
 
  private:
   friend class Gateway;
+  boost::asio::awaitable<void> warm_one(std::string origin_key, upstream::Origin origin,
+                                        std::chrono::milliseconds connect_timeout);
+
   std::unordered_set<ClientConnection*> connections_;
+  // Connections being opened by keep_warm, per origin.
+  std::unordered_map<std::string, unsigned> warming_;
   Gateway& gateway_;
   unsigned index_;
   // The pool is declared before the context so that it outlives the

@@ -12,6 +12,7 @@
 
 #include "sluice/common/clock.hpp"
 #include "sluice/common/errors.hpp"
+#include "sluice/common/result.hpp"
 #include "sluice/metrics/access_log.hpp"
 #include "sluice/metrics/gap_tracker.hpp"
 #include "sluice/metrics/trace_context.hpp"
@@ -72,11 +73,23 @@ class Pipeline {
   static boost::asio::awaitable<bool> serve(RequestContext& context);
 };
 
-// Writes a complete response with a JSON body.
+// Writes a complete response with any body / a JSON body.
+boost::asio::awaitable<bool> respond_body(RequestContext& context, unsigned status,
+                                          std::string_view content_type, std::string_view body,
+                                          std::string_view extra_fields = {});
 boost::asio::awaitable<bool> respond_json(RequestContext& context, unsigned status,
                                           std::string_view body,
                                           std::string_view extra_fields = {});
 boost::asio::awaitable<bool> respond_error(RequestContext& context, const ApiError& error,
                                            std::string_view extra_fields = {});
+
+// A request of sluice's own to `model` (e.g. an embedding for the semantic
+// cache), routed and retried across the model's deployments like a client's
+// and sent over the worker's pool, without hedging. The body is
+// `{"model":<upstream name>` followed by `body_after_model`; the answer is
+// the 2xx body read whole.
+boost::asio::awaitable<Result<std::string, ApiError>> internal_post(
+    RequestContext& context, const config::Model& model, std::string_view endpoint,
+    std::string_view body_after_model);
 
 }  // namespace sluice::server

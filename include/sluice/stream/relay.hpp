@@ -30,6 +30,8 @@ struct RelayOutcome {
   // `usage` object of a JSON body).
   std::optional<Usage> usage;
   std::size_t events = 0;  // SSE events relayed
+  // The body outgrew RelayOptions::capture_limit; the capture was dropped.
+  bool capture_overflowed = false;
 };
 
 struct RelayOptions {
@@ -40,6 +42,10 @@ struct RelayOptions {
   metrics::GapTracker* gaps = nullptr;
   const metrics::HistogramHandle* gap_histogram = nullptr;
   unsigned shard = 0;
+  // Set only for a response that may be cached: the upstream body is
+  // appended here as read, up to capture_limit bytes.
+  std::string* capture = nullptr;
+  std::size_t capture_limit = 0;
 };
 
 // Relays an upstream response to the client as it is read: each read is

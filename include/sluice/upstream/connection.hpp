@@ -49,6 +49,10 @@ class Connection {
   // Closes the socket; pending operations complete with operation_aborted.
   void close();
   bool is_open();
+  // For an idle connection: whether the peer has closed it (or sent
+  // anything, which an HTTP/1.1 server only does on its way out). Does not
+  // block.
+  bool peer_closed();
 
   TimePoint idle_since{};
   unsigned exchanges = 0;  // completed request/response pairs

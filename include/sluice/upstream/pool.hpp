@@ -42,8 +42,9 @@ class Pool {
   // Keeps the connection for reuse, or closes it when the origin already has
   // max_idle_per_origin idle ones.
   void give_back(std::unique_ptr<Connection> connection, TimePoint now);
-  // Closes idle connections unused for idle_expiry.
+  // Closes idle connections unused for idle_expiry or closed by the peer.
   void close_expired(TimePoint now);
+  std::size_t idle_count(const std::string& origin_key) const;
   void close_all();
   // At shutdown: closes the idle connections and every connection given back
   // later, so none outlives the event loop it belongs to.

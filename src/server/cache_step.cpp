@@ -1,0 +1,132 @@
+#include "sluice/server/cache_step.hpp"
+
+#include <spdlog/spdlog.h>
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "sluice/cache/replay.hpp"
+#include "sluice/common/http_head.hpp"
+#include "sluice/common/json_scan.hpp"
+
+namespace sluice::server {
+
+namespace net = boost::asio;
+
+namespace {
+
+// `Cache-Control: no-cache` (or `no-store`) on the request: neither look up
+// nor store.
+bool opts_out(const ClientRequest& request) {
+  for (const auto& field : request) {
+    if (field.name() != boost::beast::http::field::cache_control) continue;
+    std::string_view value(field.value().data(), field.value().size());
+    std::size_t start = 0;
+    while (start <= value.size()) {
+      auto end = std::min(value.find(',', start), value.size());
+      auto directive = value.substr(start, end - start);
+      while (!directive.empty() && directive.front() == ' ') directive.remove_prefix(1);
+      while (!directive.empty() && directive.back() == ' ') directive.remove_suffix(1);
+      if (iequals(directive, "no-cache") || iequals(directive, "no-store")) return true;
+      start = end + 1;
+    }
+  }
+  return false;
+}
+
+// The query's embedding from the configured embeddings model; empty when
+// that call fails, which makes the request an ordinary miss.
+net::awaitable<std::vector<float>> embed_query(RequestContext& context,
+                                               const config::Model& embedder,
+                                               std::string_view text) {
+  std::string body_after_model = R"(,"input":)";
+  append_json_string(body_after_model, text);
+  body_after_model += '}';
+  auto answer = co_await internal_post(context, embedder, "/embeddings", body_after_model);
+  if (!answer) {
+    spdlog::debug("request {}: no embedding for the semantic cache: {}", context.request_id,
+                  answer.error().message);
+    co_return std::vector<float>{};
+  }
+  auto vector = cache::embedding_from_body(answer.value());
+  if (vector.empty()) {
+    spdlog::debug("request {}: the embeddings answer of {} holds no vector", context.request_id,
+                  embedder.name);
+  }
+  co_return vector;
+}
+
+}  // namespace
+
+net::awaitable<std::optional<bool>> answer_from_cache(RequestContext& context,
+                                                      std::string_view endpoint,
+                                                      const RequestBody& inspected,
+                                                      CacheStep& step) {
+  auto* cache = context.snapshot->caches->find(context.model->name);
+  if (!cache) co_return std::nullopt;
+  auto cached_endpoint = cache::cached_endpoint(endpoint);
+  bool cacheable = inspected.cache.value_or(inspected.zero_temperature);
+  if (!cached_endpoint || !cacheable) co_return std::nullopt;
+  if (opts_out(context.request)) {
+    context.record.cache = "bypass";
+    context.response_fields.append("x-sluice-cache: bypass\r\n");
+    co_return std::nullopt;
+  }
+
+  const auto& settings = context.model->cache;
+  bool semantic = settings.mode == config::Cache::Mode::semantic;
+  auto parsed = nlohmann::json::parse(context.request.body(), nullptr, /*allow_exceptions=*/false);
+  step.endpoint = *cached_endpoint;
+  step.key = cache::request_key(std::move(parsed), context.model->name, step.endpoint, semantic);
+
+  auto hit = cache->find(step.key.exact, Clock::now());
+  std::optional<double> similarity;
+  if (!hit && semantic && !step.key.has_tools && !step.key.query_text.empty()) {
+    // Validated at load: the embedding model is one of this config's.
+    if (const auto* embedder = context.snapshot->config->find_model(settings.embedding_model)) {
+      step.unit_vector = co_await embed_query(context, *embedder, step.key.query_text);
+      auto match =
+          cache->find_similar(step.key.scope, step.unit_vector, settings.threshold, Clock::now());
+      if (match) {
+        hit = std::move(match->response);
+        similarity = match->similarity;
+      }
+    }
+  }
+
+  std::optional<std::string> replay;
+  if (hit && context.stream) {
+    replay = cache::render_event_stream(*hit, inspected.include_usage);
+    if (!replay) hit = nullptr;  // an entry that cannot be replayed is replaced
+  }
+  if (!hit) {
+    step.cache = cache;
+    context.record.cache = "miss";
+    context.response_fields.append("x-sluice-cache: miss\r\n");
+    co_return std::nullopt;
+  }
+  std::string fields = "x-sluice-cache: hit\r\n";
+  context.record.cache = "hit";
+  if (similarity) {
+    context.record.cache = "semantic_hit";
+    char text[16];
+    std::snprintf(text, sizeof text, "%.4f", *similarity);
+    fields.append("x-sluice-cache-similarity: ").append(text).append("\r\n");
+  }
+  if (replay) {
+    co_return co_await respond_body(context, 200, "text/event-stream", *replay, fields);
+  }
+  co_return co_await respond_body(context, 200, "application/json", hit->body, fields);
+}
+
+void remember_response(CacheStep& step) {
+  if (!step.cache || !step.complete) return;
+  auto response = step.event_stream ? cache::from_event_stream(step.captured, step.endpoint)
+                                    : cache::from_json_body(step.captured, step.endpoint);
+  if (!response) return;
+  step.cache->store(step.key.exact,
+                    std::make_shared<const cache::CachedResponse>(std::move(*response)),
+                    Clock::now(), step.key.scope, std::move(step.unit_vector));
+}
+
+}  // namespace sluice::server
