@@ -26,6 +26,10 @@ class TestGateway {
   // Sum of the pool gauges over all workers.
   std::int64_t idle_upstream_connections();
   std::int64_t active_upstream_connections();
+  // Runs `task` on every worker's own thread and returns once all have run it.
+  void on_each_worker(const std::function<void(server::Worker&)>& task);
+  // Closes every worker's idle pooled connections.
+  void close_idle_upstream_connections();
 
  private:
   std::unique_ptr<server::Gateway> gateway_;
