@@ -8,6 +8,7 @@
 
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
+#include "support/leak_check.hpp"
 
 namespace sluice::testing {
 namespace {
@@ -157,9 +158,11 @@ TEST(GatewayUpstreamErrors, UnreachableUpstreamIs502) {
   probe.close();
   TestGateway gateway("router:\n  retries: 0\nmodels:\n  - name: chat\n    deployments:\n" +
                       deployment_yaml("d1", "http://127.0.0.1:" + std::to_string(free_port) + "/v1"));
+  LeakCheck leaks(gateway);
   expect_openai_error(http_request(gateway.port(), "POST", "/v1/chat/completions",
                                    chat_body("chat", false)),
                       502, "upstream_unreachable");
+  EXPECT_TRUE(leaks.settled());
 }
 
 TEST(GatewayUpstreamErrors, UpstreamTimeoutIs504) {
@@ -170,11 +173,16 @@ TEST(GatewayUpstreamErrors, UpstreamTimeoutIs504) {
   TestGateway gateway("router:\n  retries: 0\nmodels:\n  - name: chat\n    deployments:\n" +
                       deployment_yaml("d1", upstream->base_url(),
                                       "        timeouts: {ttft: 200ms}\n"));
+  LeakCheck leaks(gateway);
   auto started = std::chrono::steady_clock::now();
   expect_openai_error(http_request(gateway.port(), "POST", "/v1/chat/completions",
                                    chat_body("chat", true)),
                       504, "upstream_timeout");
   EXPECT_LT(std::chrono::steady_clock::now() - started, 2s);
+  // The stalled upstream connection is closed, not kept waiting for the
+  // answer nobody will read.
+  EXPECT_TRUE(leaks.settled());
+  EXPECT_EQ(upstream->stats().open_connections, 0u);
 }
 
 TEST(GatewayUpstreamErrors, UpstreamClientErrorIsReturnedAsIs) {

@@ -5,6 +5,7 @@
 #include "support/certificates.hpp"
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
+#include "support/leak_check.hpp"
 
 namespace sluice::testing {
 namespace {
@@ -56,11 +57,15 @@ TEST_F(TlsUpstream, IpAddressIsVerifiedAgainstSubjectAltName) {
 
 TEST_F(TlsUpstream, UntrustedCertificateIs502) {
   TestGateway gateway(config("localhost", ""));
+  LeakCheck leaks(gateway);
   auto response =
       http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
   EXPECT_EQ(response.status, 502u) << response.body;
   EXPECT_NE(response.body.find("tls"), std::string::npos) << response.body;
   EXPECT_EQ(upstream_->stats().requests, 0u);
+  // The refused handshake's socket is closed on both ends.
+  EXPECT_TRUE(leaks.settled());
+  EXPECT_TRUE(eventually([&] { return upstream_->stats().open_connections == 0; }));
 }
 
 TEST_F(TlsUpstream, WrongHostNameIs502) {
@@ -76,10 +81,12 @@ TEST_F(TlsUpstream, WrongHostNameIs502) {
                       deployment_yaml("tls",
                                       "https://localhost:" + std::to_string(impostor.port()) + "/v1",
                                       "        ca_file: " + other_ca.path() + "\n"));
+  LeakCheck leaks(gateway);
   auto response =
       http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
   EXPECT_EQ(response.status, 502u) << response.body;
   EXPECT_EQ(impostor.stats().requests, 0u);
+  EXPECT_TRUE(leaks.settled());
 }
 
 TEST_F(TlsUpstream, VerificationCanBeTurnedOff) {
