@@ -112,8 +112,24 @@ TEST_F(GatewayErrors, HeadersOverLimitAre431) {
   HttpConnection client(gateway_->port());
   client.send_raw("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(20 * 1024, 'a') +
                   "\r\n\r\n");
-  auto head = client.read_head();
-  EXPECT_EQ(head.status, 431u);
+  auto response = client.read_head();
+  response.body = client.read_rest_of_body();
+  expect_openai_error(response, 431, "headers_too_large");
+}
+
+// The request line counts against server.max_header_bytes too: a target
+// longer than the whole limit is refused before any header is read.
+TEST_F(GatewayErrors, RequestLineOverLimitIs431) {
+  const auto limit = gateway_->config()->server.max_header_bytes;
+  HttpConnection client(gateway_->port());
+  client.send_raw("POST /v1/chat/completions?pad=" + std::string(limit + 1024, 'a') +
+                  " HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
+  auto response = client.read_head();
+  response.body = client.read_rest_of_body();
+  expect_openai_error(response, 431, "headers_too_large");
+  EXPECT_EQ(response.header("connection"), "close");
+  EXPECT_TRUE(client.closed_by_peer());
+  EXPECT_EQ(upstream_->stats().requests, 0u);
 }
 
 // Framing two parsers could read differently is refused, never guessed at
