@@ -1,8 +1,10 @@
-// Upstream faults, one table per moment they strike: what the client gets,
-// and that the gateway keeps no socket or pool slot of the failed exchange.
-// (Failover before the first byte is Routing's Failover table; refused
-// connections and a stalled first byte with one deployment are in
-// errors_test, untrusted certificates in tests/upstream.)
+// Upstream faults, by the moment they strike: what the client gets, and
+// that the gateway keeps no socket or pool slot of the failed exchange.
+// Elsewhere: failover before the first byte is Routing's Failover table,
+// refused connections and a stalled first byte with one deployment are in
+// errors_test, streams broken after their first byte (reset, truncated,
+// stalled, endless, dripped) in tests/stream/relay_test, untrusted
+// certificates in tests/upstream.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,12 +28,16 @@ enum class Target {
   never_resolves,   // a host under .invalid (RFC 6761)
 };
 
-struct Fault {
+// Before the first byte, with no other deployment to fail over to: a clean
+// OpenAI-style error on a connection that stays usable.
+struct EarlyFault {
   std::string name;
   mock::Behaviour behaviour;
-  Target target = Target::mock;
-  std::string timeouts;  // the deployment's `timeouts:` mapping
-  bool stream = true;
+  Target target;
+  bool stream;
+  unsigned status;
+  std::string code;
+  std::string failure;  // named in the error message
 };
 
 mock::Behaviour failing(const std::string& mode, std::chrono::milliseconds interval = 0ms) {
@@ -42,7 +48,7 @@ mock::Behaviour failing(const std::string& mode, std::chrono::milliseconds inter
   return behaviour;
 }
 
-std::string base_url(const Fault& fault, const mock::MockServer& upstream) {
+std::string base_url(const EarlyFault& fault, const mock::MockServer& upstream) {
   switch (fault.target) {
     case Target::mock:
       return upstream.base_url();
@@ -60,14 +66,6 @@ std::string error_code_of(const std::string& body) {
   return parsed["error"].value("code", "<no code>");
 }
 
-// Before the first byte, with no other deployment to fail over to: a clean
-// OpenAI-style error on a connection that stays usable.
-struct EarlyFault : Fault {
-  unsigned status;
-  std::string code;
-  std::string failure;  // named in the error message
-};
-
 class FaultBeforeFirstByte : public ::testing::TestWithParam<EarlyFault> {};
 
 TEST_P(FaultBeforeFirstByte, IsAnOpenAiErrorAndLeavesNothingOpen) {
@@ -75,7 +73,8 @@ TEST_P(FaultBeforeFirstByte, IsAnOpenAiErrorAndLeavesNothingOpen) {
   auto upstream = start_mock(fault.behaviour);
   TestGateway gateway("router:\n  retries: 0\nmodels:\n  - name: chat\n    deployments:\n" +
                       deployment_yaml("faulty", base_url(fault, *upstream),
-                                      "        timeouts: " + fault.timeouts + "\n"));
+                                      "        timeouts: {connect: 500ms, ttft: 200ms, "
+                                      "idle: 200ms}\n"));
   LeakCheck leaks(gateway);
   {
     HttpConnection client(gateway.port(), 5s);
@@ -83,6 +82,7 @@ TEST_P(FaultBeforeFirstByte, IsAnOpenAiErrorAndLeavesNothingOpen) {
       auto started = Clock::now();
       auto response =
           client.request("POST", "/v1/chat/completions", chat_body("chat", fault.stream));
+      // Bounded by the deployment's timeouts, the DNS lookup included.
       EXPECT_LT(Clock::now() - started, 2s);
       EXPECT_EQ(response.status, fault.status) << response.body;
       EXPECT_EQ(response.header("content-type"), "application/json");
@@ -96,99 +96,22 @@ TEST_P(FaultBeforeFirstByte, IsAnOpenAiErrorAndLeavesNothingOpen) {
 }
 
 std::vector<EarlyFault> early_faults() {
-  const std::string short_timeouts = "{connect: 500ms, ttft: 200ms, idle: 200ms}";
-  std::vector<EarlyFault> faults;
-  faults.push_back({{"reset", failing("reset"), Target::mock, short_timeouts},
-                    502,
-                    "upstream_unreachable",
-                    "no_response"});
-  faults.push_back({{"garbage", failing("garbage"), Target::mock, short_timeouts},
-                    502,
-                    "upstream_unreachable",
-                    "bad_response"});
-  // One byte of the head every 20 ms: a slow drip never beats the ttft limit.
-  faults.push_back({{"drip_head", failing("drip", 20ms), Target::mock, short_timeouts},
-                    504,
-                    "upstream_timeout",
-                    "first_byte_timeout"});
-  // The head of a JSON answer, then silence: the client has seen nothing yet.
-  faults.push_back({{"stall_after_head", failing("stall-mid"), Target::mock, short_timeouts, false},
-                    504,
-                    "upstream_timeout",
-                    "idle_timeout"});
-  faults.push_back({{"tls_to_plain_http", {}, Target::mock_over_https, short_timeouts},
-                    502,
-                    "upstream_unreachable",
-                    "tls"});
-  faults.push_back(
-      {{"dns", {}, Target::never_resolves, short_timeouts}, 502, "upstream_unreachable", "dns"});
-  return faults;
+  return {
+      {"reset", failing("reset"), Target::mock, true, 502, "upstream_unreachable", "no_response"},
+      {"garbage", failing("garbage"), Target::mock, true, 502, "upstream_unreachable",
+       "bad_response"},
+      // One byte of the head every 20 ms: a slow drip never beats the ttft limit.
+      {"drip_head", failing("drip", 20ms), Target::mock, true, 504, "upstream_timeout",
+       "first_byte_timeout"},
+      // The head of a JSON answer, then silence: the client has seen nothing yet.
+      {"stall_after_head", failing("stall-mid"), Target::mock, false, 504, "upstream_timeout",
+       "idle_timeout"},
+      {"tls_to_plain_http", {}, Target::mock_over_https, true, 502, "upstream_unreachable", "tls"},
+      {"dns", {}, Target::never_resolves, true, 502, "upstream_unreachable", "dns"},
+  };
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, FaultBeforeFirstByte, ::testing::ValuesIn(early_faults()),
-                         [](const auto& info) { return info.param.name; });
-
-// After the first byte of a stream: no failover (the client has part of an
-// answer), a final SSE error event, and never a clean [DONE].
-struct MidStreamFault : Fault {
-  std::string code;  // of the final error event
-};
-
-class FaultMidStream : public ::testing::TestWithParam<MidStreamFault> {};
-
-TEST_P(FaultMidStream, EndsWithErrorEventNotDone) {
-  const auto& fault = GetParam();
-  auto upstream = start_mock(fault.behaviour);
-  auto healthy = start_mock();
-  TestGateway gateway("models:\n  - name: chat\n    strategy: priority\n    deployments:\n" +
-                      deployment_yaml("faulty", upstream->base_url(),
-                                      "        timeouts: " + fault.timeouts + "\n") +
-                      deployment_yaml("healthy", healthy->base_url()));
-  LeakCheck leaks(gateway);
-  {
-    HttpConnection client(gateway.port(), 5s);
-    auto started = Clock::now();
-    client.send("POST", "/v1/chat/completions", chat_body("chat", true));
-    auto head = client.read_head();
-    ASSERT_EQ(head.status, 200u);
-    EXPECT_EQ(head.header("x-sluice-deployment"), "faulty");
-    auto events = sse_data(client.read_rest_of_body());
-    EXPECT_LT(Clock::now() - started, 2s);
-
-    ASSERT_GE(events.size(), 2u);
-    for (std::size_t i = 0; i + 1 < events.size(); ++i) {
-      EXPECT_NE(events[i], "[DONE]");
-      auto chunk = json::parse(events[i], nullptr, false);
-      ASSERT_TRUE(chunk.is_object()) << "event " << i << ": " << events[i];
-      EXPECT_EQ(chunk["object"], "chat.completion.chunk");
-    }
-    EXPECT_EQ(error_code_of(events.back()), fault.code) << events.back();
-    // The stream is over, cleanly framed; the connection is not reused after
-    // a broken exchange.
-    EXPECT_TRUE(client.closed_by_peer());
-  }
-  EXPECT_EQ(healthy->stats().requests, 0u);
-  EXPECT_TRUE(leaks.settled());
-  EXPECT_TRUE(eventually([&] { return upstream->stats().open_connections == 0; }, 2s));
-}
-
-std::vector<MidStreamFault> mid_stream_faults() {
-  std::vector<MidStreamFault> faults;
-  faults.push_back({{"reset_mid", failing("reset-mid", 10ms), Target::mock, "{idle: 1s}"},
-                    "stream_interrupted"});
-  // The last chunk never comes: the upstream closes in the middle of the
-  // chunked body.
-  faults.push_back({{"truncated_chunked", failing("truncate", 10ms), Target::mock, "{idle: 1s}"},
-                    "stream_interrupted"});
-  faults.push_back(
-      {{"stall_mid", failing("stall-mid"), Target::mock, "{idle: 200ms}"}, "upstream_timeout"});
-  // An endless stream is ended by the total deadline.
-  faults.push_back(
-      {{"endless", failing("endless", 5ms), Target::mock, "{total: 500ms}"}, "upstream_timeout"});
-  return faults;
-}
-
-INSTANTIATE_TEST_SUITE_P(Faults, FaultMidStream, ::testing::ValuesIn(mid_stream_faults()),
                          [](const auto& info) { return info.param.name; });
 
 // A JSON body cut after its first bytes cannot carry an error of its own:
@@ -228,8 +151,8 @@ INSTANTIATE_TEST_SUITE_P(Faults, JsonBodyCut, ::testing::Values("truncate", "res
                            return name;
                          });
 
-// Slow or large is not broken: a stream dripped a byte at a time (within the
-// idle limit) and a huge one arrive whole, and their connection is pooled.
+// Large is not broken: a huge stream and a huge JSON body arrive whole, and
+// their connection is pooled.
 struct WholeResponse {
   std::string name;
   mock::Behaviour behaviour;
@@ -266,11 +189,9 @@ TEST_P(ArrivesWhole, EveryEventAndTheEnd) {
 }
 
 std::vector<WholeResponse> whole_responses() {
-  mock::Behaviour dripping = failing("drip", 1ms);
-  dripping.tokens = 3;
   mock::Behaviour huge;
   huge.tokens = 20000;
-  return {{"drip", dripping, true}, {"huge_stream", huge, true}, {"huge_json", huge, false}};
+  return {{"huge_stream", huge, true}, {"huge_json", huge, false}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, ArrivesWhole, ::testing::ValuesIn(whole_responses()),
