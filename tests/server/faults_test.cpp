@@ -66,6 +66,9 @@ std::string error_code_of(const std::string& body) {
   return parsed["error"].value("code", "<no code>");
 }
 
+// Names the case in test output instead of dumping its bytes.
+void PrintTo(const EarlyFault& fault, std::ostream* out) { *out << fault.name; }
+
 class FaultBeforeFirstByte : public ::testing::TestWithParam<EarlyFault> {};
 
 TEST_P(FaultBeforeFirstByte, IsAnOpenAiErrorAndLeavesNothingOpen) {
@@ -158,6 +161,8 @@ struct WholeResponse {
   mock::Behaviour behaviour;
   bool stream;
 };
+
+void PrintTo(const WholeResponse& response, std::ostream* out) { *out << response.name; }
 
 class ArrivesWhole : public ::testing::TestWithParam<WholeResponse> {};
 
