@@ -483,9 +483,11 @@ net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
       // client has seen nothing yet, so it still gets a proper error.
       auto error = *outcome.upstream_error;
       std::string message = "Upstream deployment " + deployment.id + " failed: " + error.describe();
-      co_return co_await respond_error(context, error.is_timeout()
-                                                    ? ApiError::upstream_timeout(message)
-                                                    : ApiError::upstream_unreachable(message));
+      // Built before the co_await: GCC 12 miscompiles a ?: temporary in the
+      // arguments of an awaited call (it freed an invalid pointer here).
+      const ApiError api_error = error.is_timeout() ? ApiError::upstream_timeout(message)
+                                                    : ApiError::upstream_unreachable(message);
+      co_return co_await respond_error(context, api_error);
     }
     co_return outcome.complete && context.keep_alive;
   }

@@ -132,7 +132,9 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     co_return !ec;
   };
   auto write_one = [&](std::string_view data, bool last) -> net::awaitable<bool> {
-    co_return co_await write(std::span<const std::string_view>(&data, data.empty() ? 0 : 1), last);
+    // Not a ?: inside the awaited call's arguments (GCC 12 miscompiles those).
+    const std::span<const std::string_view> spans(&data, data.empty() ? 0 : 1);
+    co_return co_await write(spans, last);
   };
 
   // Streams are scanned beside the relay (usage, stripping); a JSON body

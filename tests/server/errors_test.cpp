@@ -8,6 +8,7 @@
 
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
+#include "support/leak_check.hpp"
 
 namespace sluice::testing {
 namespace {
@@ -111,8 +112,24 @@ TEST_F(GatewayErrors, HeadersOverLimitAre431) {
   HttpConnection client(gateway_->port());
   client.send_raw("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(20 * 1024, 'a') +
                   "\r\n\r\n");
-  auto head = client.read_head();
-  EXPECT_EQ(head.status, 431u);
+  auto response = client.read_head();
+  response.body = client.read_rest_of_body();
+  expect_openai_error(response, 431, "headers_too_large");
+}
+
+// The request line counts against server.max_header_bytes too: a target
+// longer than the whole limit is refused before any header is read.
+TEST_F(GatewayErrors, RequestLineOverLimitIs431) {
+  const auto limit = gateway_->config()->server.max_header_bytes;
+  HttpConnection client(gateway_->port());
+  client.send_raw("POST /v1/chat/completions?pad=" + std::string(limit + 1024, 'a') +
+                  " HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
+  auto response = client.read_head();
+  response.body = client.read_rest_of_body();
+  expect_openai_error(response, 431, "headers_too_large");
+  EXPECT_EQ(response.header("connection"), "close");
+  EXPECT_TRUE(client.closed_by_peer());
+  EXPECT_EQ(upstream_->stats().requests, 0u);
 }
 
 // Framing two parsers could read differently is refused, never guessed at
@@ -156,10 +173,13 @@ TEST(GatewayUpstreamErrors, UnreachableUpstreamIs502) {
   auto free_port = probe.local_endpoint().port();
   probe.close();
   TestGateway gateway("router:\n  retries: 0\nmodels:\n  - name: chat\n    deployments:\n" +
-                      deployment_yaml("d1", "http://127.0.0.1:" + std::to_string(free_port) + "/v1"));
+                      deployment_yaml("d1", "http://127.0.0.1:" + std::to_string(free_port) + "/v1",
+                                      kNoWarmConnections));
+  LeakCheck leaks(gateway);
   expect_openai_error(http_request(gateway.port(), "POST", "/v1/chat/completions",
                                    chat_body("chat", false)),
                       502, "upstream_unreachable");
+  EXPECT_TRUE(leaks.settled());
 }
 
 TEST(GatewayUpstreamErrors, UpstreamTimeoutIs504) {
@@ -169,12 +189,17 @@ TEST(GatewayUpstreamErrors, UpstreamTimeoutIs504) {
   auto upstream = start_mock(behaviour);
   TestGateway gateway("router:\n  retries: 0\nmodels:\n  - name: chat\n    deployments:\n" +
                       deployment_yaml("d1", upstream->base_url(),
-                                      "        timeouts: {ttft: 200ms}\n"));
+                                      kNoWarmConnections + "        timeouts: {ttft: 200ms}\n"));
+  LeakCheck leaks(gateway);
   auto started = std::chrono::steady_clock::now();
   expect_openai_error(http_request(gateway.port(), "POST", "/v1/chat/completions",
                                    chat_body("chat", true)),
                       504, "upstream_timeout");
   EXPECT_LT(std::chrono::steady_clock::now() - started, 2s);
+  // The stalled upstream connection is closed, not kept waiting for the
+  // answer nobody will read.
+  EXPECT_TRUE(leaks.settled());
+  EXPECT_EQ(upstream->stats().open_connections, 0u);
 }
 
 TEST(GatewayUpstreamErrors, UpstreamClientErrorIsReturnedAsIs) {

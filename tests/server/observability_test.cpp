@@ -34,7 +34,6 @@ std::map<std::string, double> parse_prometheus(const std::string& text) {
 }
 
 // For tests about a request's own upstream connect.
-const std::string kNoWarmConnections = "        warm_connections: 0\n";
 
 std::map<std::string, double> scrape(TestGateway& gateway) {
   auto response = http_request(gateway.gateway().admin_port(), "GET", "/metrics");

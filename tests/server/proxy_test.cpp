@@ -16,7 +16,6 @@ using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
 // Tests that count upstream connections open every one themselves.
-const std::string kNoWarmConnections = "        warm_connections: 0\n";
 
 std::string one_model(const std::string& base_url, const std::string& extra = "",
                       const std::string& server = "") {

@@ -12,6 +12,7 @@
 
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
+#include "support/leak_check.hpp"
 
 namespace sluice::testing {
 namespace {
@@ -101,6 +102,8 @@ TEST(Routing, LatencyStrategyPrefersFastDeploymentAndFollowsChange) {
   EXPECT_GE(count_for(after, "slow"), 9u) << count_for(after, "fast") << " still went to fast";
 }
 
+// Every way a deployment can fail before its first byte moves the request to
+// the next one, and the failed attempt leaves no socket behind.
 class Failover : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Failover, ToHealthyDeploymentGivesFullStream) {
@@ -109,15 +112,28 @@ TEST_P(Failover, ToHealthyDeploymentGivesFullStream) {
   std::string broken_url;
   if (mode == "refused") {
     broken_url = "http://127.0.0.1:" + std::to_string(closed_port()) + "/v1";
-  } else {
-    broken = mock_with(0ms, mode == "ttft" ? "stall" : mode);
+  } else if (mode == "dns") {
+    broken_url = "http://sluice-failover.invalid/v1";  // .invalid never resolves (RFC 6761)
+  } else if (mode == "drip") {
+    // Every byte of the head 20 ms apart: the head cannot arrive within ttft.
+    mock::Behaviour dripping;
+    dripping.fail = "drip";
+    dripping.interval = 20ms;
+    broken = start_mock(dripping, 2);
     broken_url = broken->base_url();
+  } else {
+    broken = mock_with(0ms, mode == "ttft" ? "stall" : mode == "tls" ? "" : mode);
+    broken_url = broken->base_url();
+    // A TLS client talking to a plain-HTTP upstream fails its handshake.
+    if (mode == "tls") broken_url.replace(0, 4, "https");
   }
   auto healthy = mock_with(0ms);
   TestGateway gateway(
       "models:\n  - name: chat\n    strategy: priority\n    deployments:\n" +
-      deployment_yaml("broken", broken_url, "        timeouts: {ttft: 200ms, connect: 500ms}\n") +
-      deployment_yaml("healthy", healthy->base_url()));
+      deployment_yaml("broken", broken_url,
+                      kNoWarmConnections + "        timeouts: {ttft: 200ms, connect: 500ms}\n") +
+      deployment_yaml("healthy", healthy->base_url(), kNoWarmConnections));
+  LeakCheck leaks(gateway);
 
   auto response =
       http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
@@ -126,11 +142,18 @@ TEST_P(Failover, ToHealthyDeploymentGivesFullStream) {
   EXPECT_EQ(response.header("x-sluice-attempts"), "2");
   EXPECT_EQ(sse_data(response.body).back(), "[DONE]");
   if (broken) {
-    EXPECT_EQ(broken->stats().requests, 1u);
+    // A failed handshake never gets as far as a request.
+    EXPECT_EQ(broken->stats().requests, mode == "tls" ? 0u : 1u);
+  }
+  EXPECT_TRUE(leaks.settled());
+  if (broken) {
+    EXPECT_TRUE(eventually([&] { return broken->stats().open_connections == 0; }, 2s));
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, Failover, ::testing::Values("500", "429", "refused", "ttft"));
+INSTANTIATE_TEST_SUITE_P(Modes, Failover,
+                         ::testing::Values("500", "429", "refused", "ttft", "reset", "garbage",
+                                           "drip", "dns", "tls"));
 
 TEST(Routing, ClientErrorIsReturnedAsIsWithOneAttempt) {
   auto rejecting = mock_with(0ms, "400");

@@ -1,5 +1,7 @@
 // A stream that breaks after its first byte ends with an SSE error event,
-// never with a clean end that looks like success.
+// never with a clean end that looks like success; it is not retried on the
+// healthy deployment next in line (the client already has part of an
+// answer), and the broken exchange leaves no descriptor or pool slot behind.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -7,6 +9,7 @@
 #include "sluice/stream/relay.hpp"
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
+#include "support/leak_check.hpp"
 
 namespace sluice::testing {
 namespace {
@@ -14,11 +17,38 @@ namespace {
 using namespace std::chrono_literals;
 using nlohmann::json;
 
-// No warm connections: the connections these tests count are the request's.
-std::string model_with(const std::string& base_url, const std::string& timeouts) {
-  return "router:\n  retries: 0\nmodels:\n  - name: chat\n    deployments:\n" +
-         deployment_yaml("d1", base_url, "        warm_connections: 0\n" + timeouts);
-}
+// The faulty deployment first, a healthy one after it; no warm connections,
+// so the connections counted are the request's.
+class RelayFaults : public ::testing::Test {
+ protected:
+  void start(const mock::Behaviour& behaviour, const std::string& timeouts = "") {
+    upstream_ = start_mock(behaviour);
+    healthy_ = start_mock();
+    gateway_ = std::make_unique<TestGateway>(
+        "models:\n  - name: chat\n    strategy: priority\n    deployments:\n" +
+        deployment_yaml("d1", upstream_->base_url(), kNoWarmConnections + timeouts) +
+        deployment_yaml("healthy", healthy_->base_url(), kNoWarmConnections));
+    leaks_ = std::make_unique<LeakCheck>(*gateway_);
+  }
+
+  HttpResponse stream_request() {
+    HttpConnection client(gateway_->port());
+    auto response = client.request("POST", "/v1/chat/completions", chat_body("chat", true));
+    EXPECT_EQ(response.header("x-sluice-deployment"), "d1");
+    return response;
+  }
+
+  void expect_nothing_left() {
+    EXPECT_EQ(healthy_->stats().requests, 0u);
+    EXPECT_TRUE(leaks_->settled());
+    EXPECT_TRUE(eventually([&] { return upstream_->stats().open_connections == 0; }, 2s));
+  }
+
+  std::unique_ptr<mock::MockServer> upstream_;
+  std::unique_ptr<mock::MockServer> healthy_;
+  std::unique_ptr<TestGateway> gateway_;
+  std::unique_ptr<LeakCheck> leaks_;
+};
 
 json last_event(const std::string& body) {
   auto events = sse_data(body);
@@ -26,86 +56,100 @@ json last_event(const std::string& body) {
   return json::parse(events.back(), nullptr, false);
 }
 
-TEST(RelayFaults, ResetMidStreamEndsWithErrorEvent) {
+// The events before the error are the upstream's own, whole.
+void expect_chunks_before_error(const std::string& body) {
+  auto events = sse_data(body);
+  ASSERT_GE(events.size(), 2u) << body;
+  for (std::size_t i = 0; i + 1 < events.size(); ++i) {
+    auto chunk = json::parse(events[i], nullptr, false);
+    ASSERT_TRUE(chunk.is_object()) << "event " << i << ": " << events[i];
+    EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+  }
+  EXPECT_EQ(body.find("[DONE]"), std::string::npos);
+}
+
+TEST_F(RelayFaults, ResetMidStreamEndsWithErrorEvent) {
   mock::Behaviour behaviour;
   behaviour.fail = "reset-mid";
   behaviour.tokens = 8;
-  auto upstream = start_mock(behaviour);
-  TestGateway gateway(model_with(upstream->base_url(), ""));
+  start(behaviour);
 
-  HttpConnection client(gateway.port());
-  auto response = client.request("POST", "/v1/chat/completions", chat_body("chat", true));
+  auto response = stream_request();
   ASSERT_EQ(response.status, 200u);
   EXPECT_NE(response.body.find("tok0"), std::string::npos);
   EXPECT_EQ(response.body.find("[DONE]"), std::string::npos);
   auto error = last_event(response.body);
   ASSERT_TRUE(error.contains("error")) << response.body;
   EXPECT_EQ(error["error"]["code"], "stream_interrupted");
-  EXPECT_EQ(gateway.idle_upstream_connections(), 0);
+  expect_chunks_before_error(response.body);
+  EXPECT_EQ(gateway_->idle_upstream_connections(), 0);
+  expect_nothing_left();
 }
 
-TEST(RelayFaults, IdleTimeoutMidStreamEndsWithErrorEvent) {
+TEST_F(RelayFaults, IdleTimeoutMidStreamEndsWithErrorEvent) {
   mock::Behaviour behaviour;
   behaviour.fail = "stall-mid";
   behaviour.stall = 5000ms;
-  auto upstream = start_mock(behaviour);
-  TestGateway gateway(model_with(upstream->base_url(), "        timeouts: {idle: 200ms}\n"));
+  start(behaviour, "        timeouts: {idle: 200ms}\n");
 
   auto started = std::chrono::steady_clock::now();
-  auto response =
-      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
+  auto response = stream_request();
   EXPECT_LT(std::chrono::steady_clock::now() - started, 2s);
   ASSERT_EQ(response.status, 200u);
   auto error = last_event(response.body);
   ASSERT_TRUE(error.contains("error")) << response.body;
   EXPECT_EQ(error["error"]["code"], "upstream_timeout");
-  EXPECT_TRUE(eventually([&] { return upstream->stats().open_connections == 0; }, 1s));
+  expect_chunks_before_error(response.body);
+  EXPECT_TRUE(eventually([&] { return upstream_->stats().open_connections == 0; }, 1s));
+  expect_nothing_left();
 }
 
-TEST(RelayFaults, TotalTimeoutEndsEndlessStreamWithErrorEvent) {
+TEST_F(RelayFaults, TotalTimeoutEndsEndlessStreamWithErrorEvent) {
   mock::Behaviour behaviour;
   behaviour.fail = "endless";
   behaviour.interval = 10ms;
-  auto upstream = start_mock(behaviour);
-  TestGateway gateway(model_with(upstream->base_url(), "        timeouts: {total: 400ms}\n"));
+  start(behaviour, "        timeouts: {total: 400ms}\n");
 
   auto started = std::chrono::steady_clock::now();
-  auto response =
-      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
+  auto response = stream_request();
   EXPECT_LT(std::chrono::steady_clock::now() - started, 3s);
   ASSERT_EQ(response.status, 200u);
   EXPECT_GT(sse_data(response.body).size(), 3u);
   auto error = last_event(response.body);
   ASSERT_TRUE(error.contains("error")) << response.body;
   EXPECT_EQ(error["error"]["code"], "upstream_timeout");
+  expect_chunks_before_error(response.body);
+  expect_nothing_left();
 }
 
-TEST(RelayFaults, TruncatedChunkedStreamEndsWithErrorEvent) {
+TEST_F(RelayFaults, TruncatedChunkedStreamEndsWithErrorEvent) {
   mock::Behaviour behaviour;
   behaviour.fail = "truncate";
-  auto upstream = start_mock(behaviour);
-  TestGateway gateway(model_with(upstream->base_url(), ""));
-  auto response =
-      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
+  start(behaviour);
+  auto response = stream_request();
   ASSERT_EQ(response.status, 200u);
   auto error = last_event(response.body);
   ASSERT_TRUE(error.contains("error")) << response.body;
   EXPECT_EQ(error["error"]["code"], "stream_interrupted");
+  expect_chunks_before_error(response.body);
+  expect_nothing_left();
 }
 
-TEST(RelayFaults, SlowDripIsRelayedWhole) {
+TEST_F(RelayFaults, SlowDripIsRelayedWhole) {
   mock::Behaviour behaviour;
   behaviour.fail = "drip";
-  behaviour.interval = 0ms;
+  behaviour.interval = 1ms;  // a byte per millisecond, well within the idle limit
   behaviour.tokens = 3;
-  auto upstream = start_mock(behaviour);
-  TestGateway gateway(model_with(upstream->base_url(), ""));
-  auto response =
-      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
+  start(behaviour);
+  auto response = stream_request();
   ASSERT_EQ(response.status, 200u);
   auto events = sse_data(response.body);
-  ASSERT_FALSE(events.empty());
+  ASSERT_EQ(events.size(), 5u);  // 3 tokens, the finish chunk, [DONE]
+  EXPECT_NE(events[2].find("tok2"), std::string::npos);
   EXPECT_EQ(events.back(), "[DONE]");
+  // Read to its end, the upstream connection is pooled.
+  EXPECT_TRUE(eventually([&] { return gateway_->idle_upstream_connections() == 1; }, 1s));
+  expect_nothing_left();
 }
 
 // A non-streaming body's usage is read from the last bytes the relay kept;

@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <thread>
 
 namespace sluice::testing {
@@ -42,6 +44,27 @@ std::int64_t TestGateway::active_upstream_connections() {
   std::int64_t total = 0;
   for (auto& worker : gateway_->workers()) total += worker->pool().counters().active.load();
   return total;
+}
+
+void TestGateway::on_each_worker(const std::function<void(server::Worker&)>& task) {
+  std::vector<std::future<void>> done;
+  for (auto& worker : gateway_->workers()) {
+    auto ran = std::make_shared<std::promise<void>>();
+    done.push_back(ran->get_future());
+    boost::asio::post(worker->context(), [&worker = *worker, task, ran] {
+      task(worker);
+      ran->set_value();
+    });
+  }
+  for (auto& future : done) {
+    if (future.wait_for(std::chrono::seconds(2)) != std::future_status::ready) {
+      throw std::runtime_error("a worker did not run a posted task within 2 s");
+    }
+  }
+}
+
+void TestGateway::close_idle_upstream_connections() {
+  on_each_worker([](server::Worker& worker) { worker.pool().close_all(); });
 }
 
 std::unique_ptr<mock::MockServer> start_mock(mock::Behaviour behaviour, unsigned threads) {

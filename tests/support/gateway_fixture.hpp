@@ -26,6 +26,10 @@ class TestGateway {
   // Sum of the pool gauges over all workers.
   std::int64_t idle_upstream_connections();
   std::int64_t active_upstream_connections();
+  // Runs `task` on every worker's own thread and returns once all have run it.
+  void on_each_worker(const std::function<void(server::Worker&)>& task);
+  // Closes every worker's idle pooled connections.
+  void close_idle_upstream_connections();
 
  private:
   std::unique_ptr<server::Gateway> gateway_;
@@ -39,6 +43,11 @@ std::unique_ptr<mock::MockServer> start_mock(mock::Behaviour behaviour = {},
 // deployments list, plus `extra` lines (already in YAML, indented by the caller).
 std::string deployment_yaml(const std::string& id, const std::string& base_url,
                             const std::string& extra = "");
+
+// A deployment line for tests that count upstream connections or descriptors:
+// warm connections (one per worker by default) would be counted with the
+// request's own.
+inline const std::string kNoWarmConnections = "        warm_connections: 0\n";
 
 // Waits until `condition` holds or `timeout` passes; returns the last value.
 bool eventually(const std::function<bool()>& condition,

@@ -5,6 +5,7 @@
 #include "support/certificates.hpp"
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
+#include "support/leak_check.hpp"
 
 namespace sluice::testing {
 namespace {
@@ -58,12 +59,16 @@ TEST_F(TlsUpstream, IpAddressIsVerifiedAgainstSubjectAltName) {
 }
 
 TEST_F(TlsUpstream, UntrustedCertificateIs502) {
-  TestGateway gateway(config("localhost", ""));
+  TestGateway gateway(config("localhost", kNoWarmConnections));
+  LeakCheck leaks(gateway);
   auto response =
       http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
   EXPECT_EQ(response.status, 502u) << response.body;
   EXPECT_NE(response.body.find("tls"), std::string::npos) << response.body;
   EXPECT_EQ(upstream_->stats().requests, 0u);
+  // The refused handshake's socket is closed on both ends.
+  EXPECT_TRUE(leaks.settled());
+  EXPECT_TRUE(eventually([&] { return upstream_->stats().open_connections == 0; }));
 }
 
 TEST_F(TlsUpstream, WrongHostNameIs502) {
@@ -78,11 +83,13 @@ TEST_F(TlsUpstream, WrongHostNameIs502) {
   TestGateway gateway("router:\n  retries: 0\nmodels:\n  - name: chat\n    deployments:\n" +
                       deployment_yaml("tls",
                                       "https://localhost:" + std::to_string(impostor.port()) + "/v1",
-                                      "        ca_file: " + other_ca.path() + "\n"));
+                                      kNoWarmConnections + "        ca_file: " + other_ca.path() + "\n"));
+  LeakCheck leaks(gateway);
   auto response =
       http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
   EXPECT_EQ(response.status, 502u) << response.body;
   EXPECT_EQ(impostor.stats().requests, 0u);
+  EXPECT_TRUE(leaks.settled());
 }
 
 TEST_F(TlsUpstream, VerificationCanBeTurnedOff) {
