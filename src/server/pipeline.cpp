@@ -456,14 +456,17 @@ net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
     if (inputs.cache_step) {
       relay_options.capture = &inputs.cache_step->captured;
       relay_options.capture_limit = kMaxCachedResponseBytes;
+      // Stored before the client has the whole answer, so asking again at
+      // once is a hit.
+      relay_options.on_upstream_complete = [&step = *inputs.cache_step,
+                                            &exchange](const stream::RelayOutcome& so_far) {
+        step.complete = !so_far.capture_overflowed && exchange.status() == 200;
+        step.event_stream = exchange.is_event_stream();
+        remember_response(step);
+      };
     }
     auto outcome = co_await relay.run(exchange, sluice_fields(context), context.keep_alive,
                                       relay_options);
-    if (inputs.cache_step) {
-      inputs.cache_step->complete =
-          outcome.complete && !outcome.capture_overflowed && exchange.status() == 200;
-      inputs.cache_step->event_stream = exchange.is_event_stream();
-    }
     if (outcome.first_write != TimePoint{}) {
       context.gateway_time += outcome.first_write - timing.first_byte;
       context.record.ttft_ms = to_ms(outcome.first_write - context.head_started);
@@ -844,7 +847,6 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
   auth.complete(admission, context.usage_tokens, Clock::now());
   co_await watch.stop();
   context.client_gone = watch.client_gone();
-  remember_response(cache_step);
   co_return keep && !watch.client_gone();
 }
 

@@ -145,6 +145,13 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     scanner->set_strip_usage_only_chunks(options.strip_usage_only_chunks);
   }
   std::string tail;
+  std::uint64_t body_read = 0;
+  bool completion_reported = false;
+  auto report_completion = [&] {
+    if (completion_reported || !options.on_upstream_complete) return;
+    completion_reported = true;
+    options.on_upstream_complete(outcome);
+  };
 
   for (;;) {
     auto read = co_await exchange.read_body(buffer_.data(), buffer_.size());
@@ -172,6 +179,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     }
     std::size_t n = read.value();
     if (n == 0) {
+      report_completion();
       if (scanner) {
         spans_.clear();
         scanner->finish(spans_);
@@ -193,6 +201,10 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
         options.capture->append(piece);
       }
     }
+    body_read += n;
+    // A Content-Length body's last piece is written before the read that
+    // reports its end.
+    if (!chunked && body_read >= *content_length) report_completion();
     bool written;
     if (scanner) {
       if (options.gaps) {

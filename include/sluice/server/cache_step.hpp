@@ -26,9 +26,9 @@ struct CacheStep {
   cache::RequestKey key;
   std::vector<float> unit_vector;  // semantic mode: the query's embedding
 
-  // Filled by the proxy while and after it relays the answer.
+  // Filled by the proxy while it relays the answer.
   std::string captured;   // the upstream body as read
-  bool complete = false;  // a 200 relayed to its end, nothing dropped from the capture
+  bool complete = false;  // a 200 read to its end, nothing dropped from the capture
   bool event_stream = false;
 };
 

@@ -4,6 +4,7 @@
 #include <boost/asio/buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,6 +47,10 @@ struct RelayOptions {
   // appended here as read, up to capture_limit bytes.
   std::string* capture = nullptr;
   std::size_t capture_limit = 0;
+  // Called once the whole upstream body has been read, before its last bytes
+  // are written to the client: whatever it records is in place by the time
+  // the client can send its next request.
+  std::function<void(const RelayOutcome&)> on_upstream_complete;
 };
 
 // Relays an upstream response to the client as it is read: each read is
