@@ -3,6 +3,7 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <chrono>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -20,12 +21,27 @@ using Endpoints = std::vector<boost::asio::ip::tcp::endpoint>;
 // uses it, so one mutex around the map costs nothing per request.
 class DnsCache {
  public:
-  explicit DnsCache(std::chrono::milliseconds ttl) : ttl_(ttl) {}
+  using LookupDone = std::function<void(error_code, Endpoints)>;
 
-  // Resolves with a deadline; IP literals never reach the resolver.
+  explicit DnsCache(std::chrono::milliseconds ttl) : ttl_(ttl) {}
+  virtual ~DnsCache() = default;
+  DnsCache(const DnsCache&) = delete;
+  DnsCache& operator=(const DnsCache&) = delete;
+
+  // Resolves with a deadline; IP literals never reach the resolver. The
+  // deadline holds even when the lookup itself does not end: a getaddrinfo
+  // call in progress cannot be cancelled, so the request stops waiting for
+  // it rather than stopping it.
   boost::asio::awaitable<Result<Endpoints, error_code>> resolve(const std::string& host,
                                                                 std::uint16_t port,
                                                                 TimePoint deadline);
+
+ protected:
+  // Starts the system lookup (getaddrinfo on Asio's resolver thread); `done`
+  // runs on `executor`, at most once, possibly after `deadline`. A seam for
+  // tests, which stand in lookups that never end.
+  virtual void start_lookup(const boost::asio::any_io_executor& executor, const std::string& host,
+                            std::uint16_t port, TimePoint deadline, LookupDone done);
 
  private:
   struct Entry {

@@ -1,0 +1,136 @@
+// Name resolution keeps its deadline even when the lookup never answers
+// (getaddrinfo blocked on an unreachable name server cannot be cancelled), a
+// late answer after the deadline is harmless, and answers are cached.
+#include "sluice/upstream/dns_cache.hpp"
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <optional>
+
+namespace sluice::testing {
+namespace {
+
+namespace net = boost::asio;
+using namespace std::chrono_literals;
+using upstream::Endpoints;
+
+const net::ip::tcp::endpoint kAnswer(net::ip::make_address("127.0.0.1"), 443);
+
+// Stands in for the system lookup: answers after `delay` (or never), on the
+// executor as the real one does.
+class ScriptedDns : public upstream::DnsCache {
+ public:
+  explicit ScriptedDns(std::optional<std::chrono::milliseconds> delay)
+      : DnsCache(std::chrono::seconds(60)), delay_(delay) {}
+
+  int lookups = 0;
+  int late_answers = 0;
+
+ protected:
+  void start_lookup(const net::any_io_executor& executor, const std::string& /*host*/,
+                    std::uint16_t /*port*/, TimePoint deadline, LookupDone done) override {
+    ++lookups;
+    if (!delay_) {
+      never_answered_.push_back(std::move(done));
+      return;
+    }
+    auto timer = std::make_shared<net::steady_timer>(executor, *delay_);
+    timer->async_wait([this, timer, deadline, done = std::move(done)](boost::system::error_code) {
+      if (Clock::now() > deadline) ++late_answers;
+      done({}, Endpoints{kAnswer});
+    });
+  }
+
+ private:
+  std::optional<std::chrono::milliseconds> delay_;
+  std::vector<LookupDone> never_answered_;
+};
+
+struct Resolved {
+  Result<Endpoints, error_code> result{error_code{}};
+  std::chrono::steady_clock::duration took{};
+};
+
+// Runs one resolve to its end, then lets pending work (a late answer) run.
+Resolved resolve(upstream::DnsCache& dns, std::chrono::milliseconds budget,
+                 std::chrono::milliseconds linger = 0ms,
+                 const std::string& host = "api.example.test") {
+  net::io_context context;
+  Resolved resolved;
+  net::co_spawn(
+      context,
+      [&]() -> net::awaitable<void> {
+        auto started = Clock::now();
+        resolved.result = co_await dns.resolve(host, 443, started + budget);
+        resolved.took = Clock::now() - started;
+        if (linger > 0ms) {
+          net::steady_timer wait(co_await net::this_coro::executor, linger);
+          co_await wait.async_wait(net::use_awaitable);
+        }
+      },
+      net::detached);
+  context.run_for(5s);
+  return resolved;
+}
+
+TEST(DnsCache, ALookupThatNeverAnswersEndsAtTheDeadline) {
+  ScriptedDns dns(std::nullopt);
+  auto resolved = resolve(dns, 150ms);
+  ASSERT_FALSE(resolved.result);
+  EXPECT_EQ(resolved.result.error(), net::error::timed_out);
+  EXPECT_GE(resolved.took, 150ms);
+  EXPECT_LT(resolved.took, 1s);
+}
+
+TEST(DnsCache, ALateAnswerIsDroppedAndTheNextRequestLooksUpAgain) {
+  ScriptedDns dns(300ms);
+  auto resolved = resolve(dns, 100ms, /*linger=*/400ms);
+  ASSERT_FALSE(resolved.result);
+  EXPECT_EQ(resolved.result.error(), net::error::timed_out);
+  EXPECT_LT(resolved.took, 290ms) << "waited for the lookup, not the deadline";
+  EXPECT_EQ(dns.late_answers, 1);
+
+  auto again = resolve(dns, 1s);
+  ASSERT_TRUE(again.result);
+  EXPECT_EQ(again.result.value(), Endpoints{kAnswer});
+  EXPECT_EQ(dns.lookups, 2);
+}
+
+TEST(DnsCache, AnswersAreCachedAndLiteralsNeverLookedUp) {
+  ScriptedDns dns(10ms);
+  ASSERT_TRUE(resolve(dns, 1s).result);
+  auto cached = resolve(dns, 1s);
+  ASSERT_TRUE(cached.result);
+  EXPECT_EQ(cached.result.value(), Endpoints{kAnswer});
+  EXPECT_EQ(dns.lookups, 1);
+
+  net::io_context context;
+  std::optional<Result<Endpoints, error_code>> literal;
+  net::co_spawn(
+      context,
+      [&]() -> net::awaitable<void> {
+        literal = co_await dns.resolve("::1", 8080, Clock::now() + 1s);
+      },
+      net::detached);
+  context.run_for(1s);
+  ASSERT_TRUE(literal && *literal);
+  EXPECT_EQ(literal->value().front().port(), 8080);
+  EXPECT_EQ(dns.lookups, 1);
+}
+
+TEST(DnsCache, TheSystemLookupResolvesLocalhost) {
+  upstream::DnsCache dns(std::chrono::seconds(1));
+  auto resolved = resolve(dns, 2s, 0ms, "localhost");
+  ASSERT_TRUE(resolved.result) << resolved.result.error().message();
+  for (const auto& endpoint : resolved.result.value()) {
+    EXPECT_TRUE(endpoint.address().is_loopback()) << endpoint;
+    EXPECT_EQ(endpoint.port(), 443);
+  }
+}
+
+}  // namespace
+}  // namespace sluice::testing
