@@ -451,8 +451,11 @@ net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
     watch.watch(&winner->abort_handle);
     stream::Relay relay(context.client, context.relay_buffer, deployment.timeouts.idle);
     auto model_metrics = context.snapshot->metrics->model(*context.model);
-    stream::RelayOptions relay_options{inputs.strip_usage_only_chunks, &context.gaps,
-                                       &model_metrics.inter_token_gap, context.worker.index()};
+    stream::RelayOptions relay_options;
+    relay_options.strip_usage_only_chunks = inputs.strip_usage_only_chunks;
+    relay_options.gaps = &context.gaps;
+    relay_options.gap_histogram = &model_metrics.inter_token_gap;
+    relay_options.shard = context.worker.index();
     if (inputs.cache_step) {
       relay_options.capture = &inputs.cache_step->captured;
       relay_options.capture_limit = kMaxCachedResponseBytes;
