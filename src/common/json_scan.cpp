@@ -1,7 +1,6 @@
 #include "sluice/common/json_scan.hpp"
 
 #include <cstdio>
-#include <nlohmann/json.hpp>
 #include <string>
 
 namespace sluice {
@@ -94,11 +93,26 @@ class Scanner {
 // JSON parser upstream, so it must match too.
 bool key_equals(std::string_view written, std::string_view key) {
   if (written.find('\\') == std::string_view::npos) return written == key;
-  std::string quoted;
-  quoted.reserve(written.size() + 2);
-  quoted.append(1, '"').append(written).append(1, '"');
-  const auto decoded = nlohmann::json::parse(quoted, nullptr, /*allow_exceptions=*/false);
-  return decoded.is_string() && decoded.get_ref<const std::string&>() == key;
+  std::string decoded;
+  return decode_json_string(written, decoded) && decoded == key;
+}
+
+void append_utf8(std::string& out, unsigned long code_point) {
+  if (code_point < 0x80) {
+    out.push_back(static_cast<char>(code_point));
+  } else if (code_point < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | (code_point >> 6)));
+    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
+  } else if (code_point < 0x10000) {
+    out.push_back(static_cast<char>(0xE0 | (code_point >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((code_point >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | (code_point >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((code_point >> 12) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | ((code_point >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (code_point & 0x3F)));
+  }
 }
 
 }  // namespace
@@ -131,6 +145,67 @@ std::optional<ValueSpan> find_top_level_value(std::string_view json, std::string
       });
   if (!well_formed) return std::nullopt;
   return found;
+}
+
+long json_hex4(std::string_view text, std::size_t at) {
+  if (at + 4 > text.size()) return -1;
+  long unit = 0;
+  for (std::size_t i = at; i < at + 4; ++i) {
+    const char c = text[i];
+    int digit;
+    if (c >= '0' && c <= '9') {
+      digit = c - '0';
+    } else if (c >= 'a' && c <= 'f') {
+      digit = c - 'a' + 10;
+    } else if (c >= 'A' && c <= 'F') {
+      digit = c - 'A' + 10;
+    } else {
+      return -1;
+    }
+    unit = unit * 16 + digit;
+  }
+  return unit;
+}
+
+bool decode_json_string(std::string_view literal, std::string& out) {
+  std::size_t at = 0;
+  while (at < literal.size()) {
+    const auto backslash = literal.find('\\', at);
+    out.append(literal.substr(at, backslash - at));
+    if (backslash == std::string_view::npos) break;
+    at = backslash + 1;
+    if (at == literal.size()) return false;
+    const char kind = literal[at++];
+    switch (kind) {
+      case '"': out.push_back('"'); break;
+      case '\\': out.push_back('\\'); break;
+      case '/': out.push_back('/'); break;
+      case 'b': out.push_back('\b'); break;
+      case 'f': out.push_back('\f'); break;
+      case 'n': out.push_back('\n'); break;
+      case 'r': out.push_back('\r'); break;
+      case 't': out.push_back('\t'); break;
+      case 'u': {
+        long unit = json_hex4(literal, at);
+        if (unit < 0) return false;
+        at += 4;
+        if (unit >= 0xD800 && unit <= 0xDBFF) {
+          long low = at + 1 < literal.size() && literal[at] == '\\' && literal[at + 1] == 'u'
+                         ? json_hex4(literal, at + 2)
+                         : -1;
+          if (low < 0xDC00 || low > 0xDFFF) return false;
+          at += 6;
+          unit = 0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00);
+        } else if (unit >= 0xDC00 && unit <= 0xDFFF) {
+          return false;
+        }
+        append_utf8(out, static_cast<unsigned long>(unit));
+        break;
+      }
+      default: return false;
+    }
+  }
+  return true;
 }
 
 void append_json_string(std::string& out, std::string_view text) {

@@ -1,5 +1,8 @@
 #include "sluice/common/request_body.hpp"
 
+#include <algorithm>
+#include <charconv>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "sluice/common/json_scan.hpp"
@@ -10,79 +13,74 @@ namespace {
 
 using json = nlohmann::json;
 
-// A SAX handler: validates while it reads, remembers only top-level fields
-// (and stream_options.include_usage), and stops at the first problem.
-class BodyInspector : public nlohmann::json_sax<json> {
+// The request fields the gateway reads; the slot a value fills is known from
+// its key before the value is scanned.
+enum class Field {
+  none,
+  model,
+  stream,
+  stream_options,
+  include_usage,  // inside stream_options
+  temperature,
+  cache,
+  max_tokens,  // max_tokens, max_completion_tokens or max_output_tokens
+};
+
+Field top_level_field(std::string_view key) {
+  switch (key.size()) {
+    case 5:
+      if (key == "model") return Field::model;
+      if (key == "cache") return Field::cache;
+      break;
+    case 6:
+      if (key == "stream") return Field::stream;
+      break;
+    case 10:
+      if (key == "max_tokens") return Field::max_tokens;
+      break;
+    case 11:
+      if (key == "temperature") return Field::temperature;
+      break;
+    case 14:
+      if (key == "stream_options") return Field::stream_options;
+      break;
+    case 17:
+      if (key == "max_output_tokens") return Field::max_tokens;
+      break;
+    case 21:
+      if (key == "max_completion_tokens") return Field::max_tokens;
+      break;
+    default:
+      break;
+  }
+  return Field::none;
+}
+
+// One validating pass over the body, to the same verdicts as a strict JSON
+// parser (nlohmann::json's, which the fuzz target compares it with): RFC 8259
+// grammar, UTF-8 checked byte by byte, escapes and surrogate pairs checked,
+// numbers that overflow a double refused, a leading byte order mark skipped.
+// It builds nothing: only the fields above are kept, the last of repeated keys
+// winning as in a parsed document.
+class BodyScanner {
  public:
-  explicit BodyInspector(int max_depth) : max_depth_(max_depth) {}
+  BodyScanner(std::string_view text, int max_depth)
+      : begin_(text.data()), at_(text.data()), end_(text.data() + text.size()),
+        max_depth_(max_depth) {}
 
-  bool null() override { return value(Kind::other); }
-  bool boolean(bool v) override {
-    value(Kind::other);
-    if (depth_ == 1 && key_ == "stream") body.stream = v;
-    if (depth_ == 1 && key_ == "cache") body.cache = v;
-    if (depth_ == 2 && in_stream_options_ && key_ == "include_usage") body.include_usage = v;
-    return true;
-  }
-  bool number_integer(number_integer_t v) override {
-    if (v >= 0) note_max_tokens(static_cast<std::uint64_t>(v));
-    note_temperature(v == 0);
-    return value(Kind::number);
-  }
-  bool number_unsigned(number_unsigned_t v) override {
-    note_max_tokens(v);
-    note_temperature(v == 0);
-    return value(Kind::number);
-  }
-  bool number_float(number_float_t v, const string_t&) override {
-    note_temperature(v == 0);
-    return value(Kind::number);
-  }
-  bool string(string_t& v) override {
-    if (depth_ == 1 && key_ == "model") {
-      body.model = std::move(v);
-      model_is_string = true;
-      return true;
+  // False when the body is not JSON or nests too deep (`too_deep` tells).
+  bool scan() {
+    if (end_ - at_ >= 3 && static_cast<unsigned char>(at_[0]) == 0xEF &&
+        static_cast<unsigned char>(at_[1]) == 0xBB && static_cast<unsigned char>(at_[2]) == 0xBF) {
+      at_ += 3;
+      // The splice cannot keep a byte order mark in front of the body.
+      spliceable_ = false;
     }
-    return value(Kind::other);
-  }
-  bool binary(binary_t&) override { return value(Kind::other); }
-
-  bool start_object(std::size_t) override {
-    if (depth_ == 0) top_is_object = true;
-    value(Kind::other);
-    if (depth_ == 1 && key_ == "stream_options") {
-      in_stream_options_ = true;
-      body.has_stream_options = true;
-    }
-    return enter();
-  }
-  bool end_object() override {
-    if (depth_ == 2) in_stream_options_ = false;
-    return leave();
-  }
-  bool start_array(std::size_t) override {
-    value(Kind::other);
-    return enter();
-  }
-  bool end_array() override { return leave(); }
-  bool key(string_t& k) override {
-    if (depth_ == 1) {
-      key_ = k;
-      if (k == "model") has_model = true;
-      if (k == "cache") {
-        body.has_cache_field = true;
-        body.cache.reset();  // a repeated key: the last value wins
-      }
-      if (k == "temperature") body.zero_temperature = false;
-    } else if (depth_ == 2 && in_stream_options_) {
-      key_ = k;
-    }
-    return true;
-  }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
-    syntax_error = true;
-    return false;
+    skip_whitespace();
+    if (at_ < end_ && *at_ == '{') top_is_object = true;
+    if (!value(0, Field::none)) return false;
+    skip_whitespace();
+    return at_ == end_;
   }
 
   RequestBody body;
@@ -90,87 +88,393 @@ class BodyInspector : public nlohmann::json_sax<json> {
   bool has_model = false;
   bool model_is_string = false;
   bool too_deep = false;
-  bool syntax_error = false;
 
  private:
-  enum class Kind { number, other };
+  void skip_whitespace() {
+    while (at_ < end_ && (*at_ == ' ' || *at_ == '\n' || *at_ == '\r' || *at_ == '\t')) ++at_;
+  }
 
-  // With a repeated key the last value wins, as in a parsed document: any
-  // value first clears what an earlier one under the same key set.
-  bool value(Kind) {
-    if (depth_ == 1 && key_ == "model") model_is_string = false;
-    if (depth_ == 1 && key_ == "stream") body.stream = false;
-    if (depth_ == 1 && key_ == "stream_options") {
-      body.has_stream_options = false;
-      body.include_usage = false;
-    }
-    if (depth_ == 2 && in_stream_options_ && key_ == "include_usage") body.include_usage = false;
-    return true;
-  }
-  void note_temperature(bool zero) {
-    if (depth_ == 1 && key_ == "temperature") body.zero_temperature = zero;
-  }
-  void note_max_tokens(std::uint64_t v) {
-    if (depth_ == 1 && (key_ == "max_tokens" || key_ == "max_completion_tokens" ||
-                        key_ == "max_output_tokens")) {
-      body.max_tokens = v;
+  // A value whose key put it in `field`; `depth` counts the containers
+  // around it.
+  bool value(int depth, Field field) {
+    if (at_ == end_) return false;
+    switch (*at_) {
+      case '{': return object(depth + 1, field);
+      case '[': return array(depth + 1, field);
+      case '"': return string_value(field);
+      case 't': return literal("true", field, true);
+      case 'f': return literal("false", field, false);
+      case 'n': return literal("null", field, std::nullopt);
+      default: return number(field);
     }
   }
-  bool enter() {
-    if (++depth_ > max_depth_) {
-      too_deep = true;
+
+  bool enter(int depth) {
+    if (depth <= max_depth_) return true;
+    too_deep = true;
+    return false;
+  }
+
+  bool object(int depth, Field field) {
+    if (!enter(depth)) return false;
+    other_value(field);
+    const bool options = field == Field::stream_options;
+    if (options) body.has_stream_options = true;
+    ++at_;  // '{'
+    skip_whitespace();
+    if (at_ < end_ && *at_ == '}') {
+      ++at_;
+      return true;
+    }
+    for (;;) {
+      if (at_ == end_ || *at_ != '"') return false;
+      const char* key_begin = at_ + 1;
+      bool escaped = false;
+      if (!string(escaped)) return false;
+      Field member = Field::none;
+      if (depth == 1 || options) {
+        std::string_view key(key_begin, static_cast<std::size_t>(at_ - 1 - key_begin));
+        std::string decoded;
+        if (escaped) {
+          decode_json_string(key, decoded);
+          key = decoded;
+        }
+        if (depth == 1) {
+          member = top_level_field(key);
+        } else if (key == "include_usage") {
+          member = Field::include_usage;
+        }
+        note_key(member);
+      }
+      skip_whitespace();
+      if (at_ == end_ || *at_ != ':') return false;
+      ++at_;
+      skip_whitespace();
+      if (!value(depth, member)) return false;
+      skip_whitespace();
+      if (at_ == end_) return false;
+      if (*at_ == ',') {
+        ++at_;
+        skip_whitespace();
+        continue;
+      }
+      if (*at_ != '}') return false;
+      ++at_;
+      return true;
+    }
+  }
+
+  bool array(int depth, Field field) {
+    if (!enter(depth)) return false;
+    other_value(field);
+    ++at_;  // '['
+    skip_whitespace();
+    if (at_ < end_ && *at_ == ']') {
+      ++at_;
+      return true;
+    }
+    for (;;) {
+      if (!value(depth, Field::none)) return false;
+      skip_whitespace();
+      if (at_ == end_) return false;
+      if (*at_ == ',') {
+        ++at_;
+        skip_whitespace();
+        continue;
+      }
+      if (*at_ != ']') return false;
+      ++at_;
+      return true;
+    }
+  }
+
+  bool literal(std::string_view word, Field field, std::optional<bool> boolean) {
+    if (static_cast<std::size_t>(end_ - at_) < word.size() ||
+        std::string_view(at_, word.size()) != word) {
       return false;
     }
-    return true;
-  }
-  bool leave() {
-    --depth_;
+    at_ += word.size();
+    // Whatever the field held is replaced; then a boolean field takes it.
+    other_value(field);
+    if (!boolean) return true;
+    if (field == Field::stream) {
+      body.stream = *boolean;
+    } else if (field == Field::include_usage) {
+      body.include_usage = *boolean;
+    } else if (field == Field::cache) {
+      body.cache = *boolean;
+    }
     return true;
   }
 
+  bool string_value(Field field) {
+    const char* literal_begin = at_;
+    bool escaped = false;
+    if (!string(escaped)) return false;
+    if (field != Field::model) {
+      other_value(field);
+      return true;
+    }
+    std::string_view raw(literal_begin + 1, static_cast<std::size_t>(at_ - literal_begin - 2));
+    body.model.clear();
+    if (escaped) {
+      decode_json_string(raw, body.model);
+    } else {
+      body.model.assign(raw);
+    }
+    model_is_string = true;
+    if (spliceable_) {
+      body.model_value = ValueSpan{static_cast<std::size_t>(literal_begin - begin_),
+                                   static_cast<std::size_t>(at_ - begin_)};
+    }
+    return true;
+  }
+
+  // A string literal from its opening quote; leaves `at_` past the closing
+  // one. Control characters, malformed escapes, lone surrogates and bytes
+  // that are not UTF-8 are refused.
+  bool string(bool& escaped) {
+    ++at_;  // '"'
+    for (;;) {
+      // Plain ASCII is the common case: run through it first.
+      while (at_ < end_) {
+        const auto c = static_cast<unsigned char>(*at_);
+        if (c < 0x20 || c == '"' || c == '\\' || c >= 0x80) break;
+        ++at_;
+      }
+      if (at_ == end_) return false;
+      const auto c = static_cast<unsigned char>(*at_);
+      if (c == '"') {
+        ++at_;
+        return true;
+      }
+      if (c < 0x20) return false;
+      if (c == '\\') {
+        escaped = true;
+        if (!escape()) return false;
+        continue;
+      }
+      if (!utf8_sequence()) return false;
+    }
+  }
+
+  bool escape() {
+    ++at_;  // '\'
+    if (at_ == end_) return false;
+    switch (*at_++) {
+      case '"':
+      case '\\':
+      case '/':
+      case 'b':
+      case 'f':
+      case 'n':
+      case 'r':
+      case 't': return true;
+      case 'u': break;
+      default: return false;
+    }
+    long unit = hex4();
+    if (unit < 0) return false;
+    if (unit >= 0xDC00 && unit <= 0xDFFF) return false;  // a low surrogate alone
+    if (unit < 0xD800 || unit > 0xDBFF) return true;
+    if (end_ - at_ < 2 || at_[0] != '\\' || at_[1] != 'u') return false;
+    at_ += 2;
+    long low = hex4();
+    return low >= 0xDC00 && low <= 0xDFFF;
+  }
+
+  long hex4() {
+    const long unit =
+        json_hex4(std::string_view(at_, static_cast<std::size_t>(end_ - at_)), 0);
+    if (unit >= 0) at_ += 4;
+    return unit;
+  }
+
+  // RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF.
+  bool utf8_sequence() {
+    const auto lead = static_cast<unsigned char>(*at_);
+    unsigned char low = 0x80;
+    unsigned char high = 0xBF;
+    int continuation;
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      continuation = 1;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      continuation = 2;
+      if (lead == 0xE0) low = 0xA0;
+      if (lead == 0xED) high = 0x9F;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      continuation = 3;
+      if (lead == 0xF0) low = 0x90;
+      if (lead == 0xF4) high = 0x8F;
+    } else {
+      return false;
+    }
+    if (end_ - at_ <= continuation) return false;
+    ++at_;
+    for (int i = 0; i < continuation; ++i, ++at_) {
+      const auto byte = static_cast<unsigned char>(*at_);
+      if (byte < low || byte > high) return false;
+      low = 0x80;
+      high = 0xBF;
+    }
+    return true;
+  }
+
+  // -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+  bool number(Field field) {
+    other_value(field);
+    const char* number_begin = at_;
+    const bool negative = at_ < end_ && *at_ == '-';
+    if (negative) ++at_;
+    if (at_ == end_ || !is_digit(*at_)) return false;
+    if (*at_ == '0') {
+      ++at_;
+    } else {
+      while (at_ < end_ && is_digit(*at_)) ++at_;
+    }
+    const char* integer_end = at_;
+    bool integral = true;
+    if (at_ < end_ && *at_ == '.') {
+      integral = false;
+      ++at_;
+      if (at_ == end_ || !is_digit(*at_)) return false;
+      while (at_ < end_ && is_digit(*at_)) ++at_;
+    }
+    if (at_ < end_ && (*at_ == 'e' || *at_ == 'E')) {
+      integral = false;
+      ++at_;
+      if (at_ < end_ && (*at_ == '+' || *at_ == '-')) ++at_;
+      if (at_ == end_ || !is_digit(*at_)) return false;
+      while (at_ < end_ && is_digit(*at_)) ++at_;
+    }
+
+    // An integer that fits is one; anything else is read as a double, which
+    // must be finite.
+    if (integral) {
+      const char* digits = number_begin + (negative ? 1 : 0);
+      std::uint64_t magnitude = 0;
+      auto [end, ec] = std::from_chars(digits, integer_end, magnitude);
+      const bool fits =
+          ec == std::errc{} &&
+          (!negative || magnitude <= static_cast<std::uint64_t>(
+                                          std::numeric_limits<std::int64_t>::max()) + 1);
+      if (fits) {
+        if (field == Field::temperature) body.zero_temperature = magnitude == 0;
+        if (field == Field::max_tokens && (!negative || magnitude == 0)) {
+          body.max_tokens = magnitude;
+        }
+        return true;
+      }
+    }
+    double parsed = 0;
+    auto [end, ec] = std::from_chars(number_begin, at_, parsed);
+    if (ec == std::errc::result_out_of_range) {
+      if (overflows(number_begin, at_)) return false;
+      parsed = 0;  // an underflow reads as zero or a subnormal
+    } else if (ec != std::errc{}) {
+      return false;
+    }
+    if (field == Field::temperature) body.zero_temperature = parsed == 0;
+    return true;
+  }
+
+  // For a number std::from_chars found out of a double's range: too large
+  // (refused) rather than too small (read as zero). Its decimal exponent
+  // decides, beyond ±300 either way.
+  static bool overflows(const char* begin, const char* end) {
+    if (*begin == '-') ++begin;
+    long exponent = 0;
+    const char* mantissa_end = std::find_if(begin, end, [](char c) { return c == 'e' || c == 'E'; });
+    if (mantissa_end != end) {
+      const char* digits = mantissa_end + 1;
+      if (*digits == '+') ++digits;
+      auto [stop, ec] = std::from_chars(digits, end, exponent);
+      if (ec == std::errc::result_out_of_range) exponent = *digits == '-' ? -1000000 : 1000000;
+    }
+    // Where the first significant digit stands relative to the point; a
+    // mantissa of zeros is zero whatever the exponent.
+    const char* point = std::find(begin, mantissa_end, '.');
+    const char* first_significant =
+        std::find_if(begin, mantissa_end, [](char c) { return c != '0' && c != '.'; });
+    if (first_significant == mantissa_end) return false;
+    const long position = first_significant < point ? point - first_significant
+                                                    : -(first_significant - point - 1);
+    return exponent + position > 0;
+  }
+
+  static bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+  // A key seen again: what its earlier value set is forgotten first.
+  void note_key(Field field) {
+    switch (field) {
+      case Field::model: has_model = true; break;
+      case Field::cache:
+        body.has_cache_field = true;
+        body.cache.reset();
+        break;
+      case Field::temperature: body.zero_temperature = false; break;
+      default: break;
+    }
+  }
+
+  // A value of a type the field does not take.
+  void other_value(Field field) {
+    switch (field) {
+      case Field::model: model_is_string = false; break;
+      case Field::stream: body.stream = false; break;
+      case Field::stream_options:
+        body.has_stream_options = false;
+        body.include_usage = false;
+        break;
+      case Field::include_usage: body.include_usage = false; break;
+      default: break;
+    }
+  }
+
+  const char* begin_;
+  const char* at_;
+  const char* end_;
   int max_depth_;
-  int depth_ = 0;
-  bool in_stream_options_ = false;
-  std::string key_;
+  bool spliceable_ = true;
 };
 
 }  // namespace
 
 Result<RequestBody, ApiError> inspect_request_body(std::string_view body, int max_depth) {
-  BodyInspector inspector(max_depth);
-  bool ok = json::sax_parse(body, &inspector, json::input_format_t::json, /*strict=*/true);
-  if (inspector.too_deep) {
+  BodyScanner scanner(body, max_depth);
+  const bool ok = scanner.scan();
+  if (scanner.too_deep) {
     return ApiError::invalid_request("The JSON body is nested more than " +
                                          std::to_string(max_depth) + " levels deep.",
                                      "", "invalid_json");
   }
-  // nlohmann reads a NUL byte as the end of the input, so `{..}\0garbage`
-  // would pass; a raw NUL is never valid JSON, inside a string or out.
-  if (!ok || inspector.syntax_error || body.find('\0') != std::string_view::npos) {
+  if (!ok) {
     return ApiError::invalid_request(
         "We could not parse the JSON body of your request. The body must be valid JSON (UTF-8).",
         "", "invalid_json");
   }
-  if (!inspector.top_is_object) {
+  if (!scanner.top_is_object) {
     return ApiError::invalid_request("The request body must be a JSON object.", "",
                                      "invalid_type");
   }
-  if (!inspector.has_model) {
+  if (!scanner.has_model) {
     return ApiError::invalid_request("You must provide a model parameter.", "model",
                                      "missing_required_parameter");
   }
-  if (!inspector.model_is_string) {
+  if (!scanner.model_is_string) {
     return ApiError::invalid_request("The model parameter must be a string.", "model",
                                      "invalid_type");
   }
-  return std::move(inspector.body);
+  return std::move(scanner.body);
 }
 
-ModelSplice splice_model(std::string_view body, std::string& storage) {
+ModelSplice splice_model(std::string_view body, std::string& storage,
+                         std::optional<ValueSpan> model_value) {
   std::string_view text = body;
   std::size_t model_begin = 0;
   std::size_t model_end = 0;
-  if (auto span = find_top_level_value(body, "model")) {
+  if (!model_value) model_value = find_top_level_value(body, "model");
+  if (auto span = model_value) {
     model_begin = span->begin;
     model_end = span->end;
   } else {

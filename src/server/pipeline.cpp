@@ -824,7 +824,10 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
     forwarded = without_cache_field;
   }
   std::string respliced;
-  const auto splice = splice_model(forwarded, respliced);
+  const auto splice =
+      splice_model(forwarded, respliced,
+                   forwarded.data() == request.body().data() ? inspected->model_value
+                                                              : std::nullopt);
   inputs.body_prefix = splice.before_model;
   inputs.body_suffix = splice.after_model;
   inputs.body_closing = splice.closing;

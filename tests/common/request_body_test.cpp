@@ -120,6 +120,80 @@ TEST(RequestBody, RefusesDeepNesting) {
   EXPECT_TRUE(inspect_request_body(fine).ok());
 }
 
+// The inspector is a JSON validator of its own: it must refuse and accept
+// what a strict parser does (the fuzz target compares the two at length).
+TEST(RequestBody, AcceptsAndRefusesAsAStrictJsonParser) {
+  auto verdict = [](const std::string& value) {
+    return inspect_request_body(R"({"model":"m","x":)" + value + "}").ok();
+  };
+  for (const char* good :
+       {"0", "-0", "1.5", "-1.5e-3", "1E+2", "18446744073709551615", "18446744073709551616",
+        "-9223372036854775809", "1e-400", "0e999999", "[]", "{}", "[1,[2,{\"a\":null}]]", "true",
+        "false", "null", R"("\"\\\/\b\f\n\r\t")", R"("\u00e9\uD83D\uDE00")", "\"\xc3\xa9\"",
+        "\"\xe2\x82\xac\"", "\"\xf0\x9f\x98\x80\"", "\"\xf4\x8f\xbf\xbf\"", " \t\r\n1 "}) {
+    EXPECT_TRUE(verdict(good)) << good;
+  }
+  for (const std::string bad : std::vector<std::string>{"01", "-", "1.", ".5", "+1", "1e", "1e+", "1e400", "-1e400", "1" + std::string(400, '0'),
+        "NaN", "Infinity", "tru", "nul", "[1,]", "{\"a\":1,}", "{\"a\"}", "{1:2}", "[1 2]",
+        R"("\x")", R"("\u12")", R"("\uD83D")", R"("\uDE00")", R"("\uD83D\u0041")",
+        "\"\x01\"", "\"\xc0\xaf\"", "\"\xe0\x80\xaf\"", "\"\xed\xa0\x80\"", "\"\xf4\x90\x80\x80\"",
+        "\"\xf5\x80\x80\x80\"", "\"\x80\"", "\"\xc3\"", "\"abc", "'a'"}) {
+    EXPECT_FALSE(verdict(bad)) << bad;
+  }
+  EXPECT_FALSE(inspect_request_body(R"({"model":"m"} x)").ok());
+  EXPECT_FALSE(inspect_request_body("\xef\xbb{\"model\":\"m\"}").ok());
+  EXPECT_TRUE(inspect_request_body("\xef\xbb\xbf {\"model\":\"m\"}").ok());
+}
+
+TEST(RequestBody, ModelAndKeysAreReadDecoded) {
+  auto body = inspect_request_body(R"({"mod\u0065l":"gpt\u002d4\ud83d\ude00","str\u0065am":true})");
+  ASSERT_TRUE(body.ok());
+  EXPECT_EQ(body->model, "gpt-4\xf0\x9f\x98\x80");
+  EXPECT_TRUE(body->stream);
+  // A model of another type after a string one: the last counts.
+  EXPECT_EQ(inspect_request_body(R"({"model":"m","model":7})").error().code, "invalid_type");
+  EXPECT_EQ(inspect_request_body(R"({"model":"m","model":true})").error().code, "invalid_type");
+  EXPECT_EQ(inspect_request_body(R"({"model":["m"]})").error().code, "invalid_type");
+}
+
+TEST(RequestBody, MaxTokensTakesNonNegativeIntegersOnly) {
+  EXPECT_EQ(inspect_request_body(R"({"model":"m","max_tokens":-1})")->max_tokens, std::nullopt);
+  EXPECT_EQ(inspect_request_body(R"({"model":"m","max_tokens":1.5})")->max_tokens, std::nullopt);
+  EXPECT_EQ(inspect_request_body(R"({"model":"m","max_output_tokens":18446744073709551615})")
+                ->max_tokens,
+            18446744073709551615u);
+  EXPECT_EQ(inspect_request_body(R"({"model":"m","max_tokens":18446744073709551616})")->max_tokens,
+            std::nullopt);
+}
+
+TEST(RequestBody, KnowsWhereTheModelStandsForTheSplice) {
+  const std::string body = R"({"model":"a","messages":[],"model" : "b"})";
+  auto inspected = inspect_request_body(body);
+  ASSERT_TRUE(inspected.ok());
+  ASSERT_TRUE(inspected->model_value);
+  EXPECT_EQ(body.substr(inspected->model_value->begin,
+                        inspected->model_value->end - inspected->model_value->begin),
+            "\"b\"");
+  std::string storage;
+  auto known = splice_model(body, storage, inspected->model_value);
+  auto searched = splice_model(body, storage);
+  EXPECT_EQ(known.before_model, searched.before_model);
+  EXPECT_EQ(known.after_model, searched.after_model);
+  EXPECT_EQ(known.closing, searched.closing);
+  // Not in place: a byte order mark is not forwarded.
+  EXPECT_FALSE(inspect_request_body("\xef\xbb\xbf{\"model\":\"m\"}")->model_value);
+}
+
+TEST(JsonScan, DecodesStringLiterals) {
+  std::string out;
+  EXPECT_TRUE(decode_json_string(R"(a\"\\\/\b\f\n\r\t\u00e9\ud83d\ude00)", out));
+  EXPECT_EQ(out, "a\"\\/\b\f\n\r\t\xc3\xa9\xf0\x9f\x98\x80");
+  for (const char* bad : {R"(\)", R"(\q)", R"(\u12)", R"(\ud83d)", R"(\ude00)", R"(\ud83dx)"}) {
+    std::string ignored;
+    EXPECT_FALSE(decode_json_string(bad, ignored)) << bad;
+  }
+}
+
 TEST(JsonScan, FindsTopLevelValueOnly) {
   std::string body = R"({"messages":[{"model":"inner"}], "model" : "outer", "x":{"model":1}})";
   auto span = find_top_level_value(body, "model");

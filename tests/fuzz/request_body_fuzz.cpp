@@ -7,12 +7,15 @@
 // upstream model and carries every other member unchanged. A body inspect
 // refuses must be one a JSON parser refuses too, or one that breaks the
 // gateway's own rules (not an object, no string model, nested too deep).
+// Since inspect is a validator of its own, this compares its verdicts with
+// nlohmann::json's parser on every input.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -50,9 +53,10 @@ json parse_or_discard(std::string_view text) {
   return json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
 }
 
-void check_forwarded(std::string_view body, const json& document, std::string_view upstream_model) {
+void check_forwarded(std::string_view body, const json& document, std::string_view upstream_model,
+                     std::optional<sluice::ValueSpan> model_value) {
   std::string storage;
-  const auto splice = sluice::splice_model(body, storage);
+  const auto splice = sluice::splice_model(body, storage, model_value);
   std::string literal;
   sluice::append_json_string(literal, upstream_model);
 
@@ -111,7 +115,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       has_options && options->contains("include_usage") && (*options)["include_usage"] == true;
   check(inspected->include_usage == include_usage, "inspect got `include_usage` wrong");
 
-  check_forwarded(body, document, "gpt-4o-mini");
-  check_forwarded(body, document, "odd \"upstream\\name\"\n");
+  const auto temperature = document.find("temperature");
+  check(inspected->zero_temperature ==
+            (temperature != document.end() && temperature->is_number() && *temperature == 0),
+        "inspect got a zero `temperature` wrong");
+  const auto cache = document.find("cache");
+  check(inspected->has_cache_field == (cache != document.end()), "inspect missed `cache`");
+  check(inspected->cache == (cache != document.end() && cache->is_boolean()
+                                 ? std::optional<bool>(cache->get<bool>())
+                                 : std::nullopt),
+        "inspect got `cache` wrong");
+
+  // Spliced where inspect saw the model, and where a search finds it.
+  for (auto model_value : {inspected->model_value, std::optional<sluice::ValueSpan>{}}) {
+    check_forwarded(body, document, "gpt-4o-mini", model_value);
+    check_forwarded(body, document, "odd \"upstream\\name\"\n", model_value);
+  }
   return 0;
 }

@@ -28,6 +28,14 @@ std::optional<ValueSpan> find_top_level_value(std::string_view json, std::string
 bool for_each_top_level_member(std::string_view json,
                                const std::function<void(std::string_view, ValueSpan)>& visit);
 
+// The four hex digits of a `\u` escape starting at `at`, or -1.
+long json_hex4(std::string_view text, std::size_t at);
+
+// Appends the text of a JSON string literal, given without its quotes, with
+// its escapes decoded (a surrogate pair becomes one UTF-8 sequence). Returns
+// false at a malformed escape; other bytes are copied as they are.
+bool decode_json_string(std::string_view literal, std::string& out);
+
 // Appends `text` as a JSON string literal (quotes and escapes included).
 void append_json_string(std::string& out, std::string_view text);
 

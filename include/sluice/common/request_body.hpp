@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "sluice/common/errors.hpp"
+#include "sluice/common/json_scan.hpp"
 #include "sluice/common/result.hpp"
 
 namespace sluice {
@@ -23,6 +24,9 @@ struct RequestBody {
   // and its value when it is a boolean.
   bool has_cache_field = false;
   std::optional<bool> cache;
+  // Where the `model` string literal stands in the body (quotes included),
+  // for splice_model; absent when the body cannot be spliced in place.
+  std::optional<ValueSpan> model_value;
 };
 
 // Nesting deeper than this is refused: nothing OpenAI accepts comes close,
@@ -47,7 +51,9 @@ struct ModelSplice {
 // only that value changes on the way upstream instead of re-serialising a large
 // body. When the text cannot be split in place (it starts with a byte order
 // mark) the body is parsed and re-serialised into `storage`, which the views
-// then point into.
-ModelSplice splice_model(std::string_view body, std::string& storage);
+// then point into. `model_value` is RequestBody::model_value when `body` is
+// the inspected text itself, which spares a second pass over it.
+ModelSplice splice_model(std::string_view body, std::string& storage,
+                         std::optional<ValueSpan> model_value = std::nullopt);
 
 }  // namespace sluice
