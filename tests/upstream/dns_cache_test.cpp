@@ -55,11 +55,13 @@ struct Resolved {
   std::chrono::steady_clock::duration took{};
 };
 
-// Runs one resolve to its end, then lets pending work (a late answer) run.
-Resolved resolve(upstream::DnsCache& dns, std::chrono::milliseconds budget,
-                 std::chrono::milliseconds linger = 0ms,
+// Runs one resolve to its end on `context`, then lets pending work (a late
+// answer) run. Tests declare the context before the cache: lookups the cache
+// still holds own timers of that context.
+Resolved resolve(net::io_context& context, upstream::DnsCache& dns,
+                 std::chrono::milliseconds budget, std::chrono::milliseconds linger = 0ms,
                  const std::string& host = "api.example.test") {
-  net::io_context context;
+  context.restart();
   Resolved resolved;
   net::co_spawn(
       context,
@@ -78,8 +80,9 @@ Resolved resolve(upstream::DnsCache& dns, std::chrono::milliseconds budget,
 }
 
 TEST(DnsCache, ALookupThatNeverAnswersEndsAtTheDeadline) {
+  net::io_context context;
   ScriptedDns dns(std::nullopt);
-  auto resolved = resolve(dns, 150ms);
+  auto resolved = resolve(context, dns, 150ms);
   ASSERT_FALSE(resolved.result);
   EXPECT_EQ(resolved.result.error(), net::error::timed_out);
   EXPECT_GE(resolved.took, 150ms);
@@ -87,28 +90,30 @@ TEST(DnsCache, ALookupThatNeverAnswersEndsAtTheDeadline) {
 }
 
 TEST(DnsCache, ALateAnswerIsDroppedAndTheNextRequestLooksUpAgain) {
+  net::io_context context;
   ScriptedDns dns(300ms);
-  auto resolved = resolve(dns, 100ms, /*linger=*/400ms);
+  auto resolved = resolve(context, dns, 100ms, /*linger=*/400ms);
   ASSERT_FALSE(resolved.result);
   EXPECT_EQ(resolved.result.error(), net::error::timed_out);
   EXPECT_LT(resolved.took, 290ms) << "waited for the lookup, not the deadline";
   EXPECT_EQ(dns.late_answers, 1);
 
-  auto again = resolve(dns, 1s);
+  auto again = resolve(context, dns, 1s);
   ASSERT_TRUE(again.result);
   EXPECT_EQ(again.result.value(), Endpoints{kAnswer});
   EXPECT_EQ(dns.lookups, 2);
 }
 
 TEST(DnsCache, AnswersAreCachedAndLiteralsNeverLookedUp) {
+  net::io_context context;
   ScriptedDns dns(10ms);
-  ASSERT_TRUE(resolve(dns, 1s).result);
-  auto cached = resolve(dns, 1s);
+  ASSERT_TRUE(resolve(context, dns, 1s).result);
+  auto cached = resolve(context, dns, 1s);
   ASSERT_TRUE(cached.result);
   EXPECT_EQ(cached.result.value(), Endpoints{kAnswer});
   EXPECT_EQ(dns.lookups, 1);
 
-  net::io_context context;
+  context.restart();
   std::optional<Result<Endpoints, error_code>> literal;
   net::co_spawn(
       context,
@@ -123,8 +128,9 @@ TEST(DnsCache, AnswersAreCachedAndLiteralsNeverLookedUp) {
 }
 
 TEST(DnsCache, TheSystemLookupResolvesLocalhost) {
+  net::io_context context;
   upstream::DnsCache dns(std::chrono::seconds(1));
-  auto resolved = resolve(dns, 2s, 0ms, "localhost");
+  auto resolved = resolve(context, dns, 2s, 0ms, "localhost");
   ASSERT_TRUE(resolved.result) << resolved.result.error().message();
   for (const auto& endpoint : resolved.result.value()) {
     EXPECT_TRUE(endpoint.address().is_loopback()) << endpoint;
