@@ -131,6 +131,7 @@ void redact(std::string& text, const std::string& secret) {
 
 std::string sluice_fields(const RequestContext& context) {
   std::string fields;
+  fields.reserve(160 + context.response_fields.size());
   fields.append("x-request-id: ").append(context.request_id).append("\r\n");
   if (!context.deployment_id.empty()) {
     fields.append("x-sluice-deployment: ").append(context.deployment_id).append("\r\n");

@@ -9,7 +9,14 @@ namespace sluice {
 // building a Beast fields container for heads we only ever serialise.
 class HeadWriter {
  public:
-  explicit HeadWriter(std::string& out) : out_(out) { out_.clear(); }
+  // Room for a typical head at once: appending field by field to an empty
+  // string would reallocate it several times per request.
+  static constexpr std::size_t kTypicalHeadBytes = 512;
+
+  explicit HeadWriter(std::string& out) : out_(out) {
+    out_.clear();
+    out_.reserve(kTypicalHeadBytes);
+  }
 
   HeadWriter& status_line(unsigned status);
   HeadWriter& request_line(std::string_view method, std::string_view target);
