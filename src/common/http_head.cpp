@@ -9,7 +9,8 @@ HeadWriter& HeadWriter::status_line(unsigned status) {
   out_ += "HTTP/1.1 ";
   out_ += std::to_string(status);
   out_ += ' ';
-  auto reason = boost::beast::http::obsolete_reason(static_cast<boost::beast::http::status>(status));
+  auto reason =
+      boost::beast::http::obsolete_reason(static_cast<boost::beast::http::status>(status));
   out_.append(reason.data(), reason.size());
   out_ += "\r\n";
   return *this;
@@ -59,10 +60,17 @@ bool iequals(std::string_view a, std::string_view b) {
 }
 
 bool is_hop_by_hop_header(std::string_view name) {
-  static constexpr std::string_view kHopByHop[] = {
-      "connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
-      "te",         "trailer",    "transfer-encoding", "upgrade",           "content-length",
-      "host"};
+  static constexpr std::string_view kHopByHop[] = {"connection",
+                                                   "keep-alive",
+                                                   "proxy-connection",
+                                                   "proxy-authenticate",
+                                                   "proxy-authorization",
+                                                   "te",
+                                                   "trailer",
+                                                   "transfer-encoding",
+                                                   "upgrade",
+                                                   "content-length",
+                                                   "host"};
   for (auto hop : kHopByHop) {
     if (iequals(name, hop)) return true;
   }

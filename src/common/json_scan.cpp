@@ -177,14 +177,30 @@ bool decode_json_string(std::string_view literal, std::string& out) {
     if (at == literal.size()) return false;
     const char kind = literal[at++];
     switch (kind) {
-      case '"': out.push_back('"'); break;
-      case '\\': out.push_back('\\'); break;
-      case '/': out.push_back('/'); break;
-      case 'b': out.push_back('\b'); break;
-      case 'f': out.push_back('\f'); break;
-      case 'n': out.push_back('\n'); break;
-      case 'r': out.push_back('\r'); break;
-      case 't': out.push_back('\t'); break;
+      case '"':
+        out.push_back('"');
+        break;
+      case '\\':
+        out.push_back('\\');
+        break;
+      case '/':
+        out.push_back('/');
+        break;
+      case 'b':
+        out.push_back('\b');
+        break;
+      case 'f':
+        out.push_back('\f');
+        break;
+      case 'n':
+        out.push_back('\n');
+        break;
+      case 'r':
+        out.push_back('\r');
+        break;
+      case 't':
+        out.push_back('\t');
+        break;
       case 'u': {
         long unit = json_hex4(literal, at);
         if (unit < 0) return false;
@@ -202,7 +218,8 @@ bool decode_json_string(std::string_view literal, std::string& out) {
         append_utf8(out, static_cast<unsigned long>(unit));
         break;
       }
-      default: return false;
+      default:
+        return false;
     }
   }
   return true;

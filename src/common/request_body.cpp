@@ -65,7 +65,9 @@ Field top_level_field(std::string_view key) {
 class BodyScanner {
  public:
   BodyScanner(std::string_view text, int max_depth)
-      : begin_(text.data()), at_(text.data()), end_(text.data() + text.size()),
+      : begin_(text.data()),
+        at_(text.data()),
+        end_(text.data() + text.size()),
         max_depth_(max_depth) {}
 
   // False when the body is not JSON or nests too deep (`too_deep` tells).
@@ -99,13 +101,20 @@ class BodyScanner {
   bool value(int depth, Field field) {
     if (at_ == end_) return false;
     switch (*at_) {
-      case '{': return object(depth + 1, field);
-      case '[': return array(depth + 1, field);
-      case '"': return string_value(field);
-      case 't': return literal("true", field, true);
-      case 'f': return literal("false", field, false);
-      case 'n': return literal("null", field, std::nullopt);
-      default: return number(field);
+      case '{':
+        return object(depth + 1, field);
+      case '[':
+        return array(depth + 1, field);
+      case '"':
+        return string_value(field);
+      case 't':
+        return literal("true", field, true);
+      case 'f':
+        return literal("false", field, false);
+      case 'n':
+        return literal("null", field, std::nullopt);
+      default:
+        return number(field);
     }
   }
 
@@ -269,9 +278,12 @@ class BodyScanner {
       case 'f':
       case 'n':
       case 'r':
-      case 't': return true;
-      case 'u': break;
-      default: return false;
+      case 't':
+        return true;
+      case 'u':
+        break;
+      default:
+        return false;
     }
     long unit = hex4();
     if (unit < 0) return false;
@@ -284,8 +296,7 @@ class BodyScanner {
   }
 
   long hex4() {
-    const long unit =
-        json_hex4(std::string_view(at_, static_cast<std::size_t>(end_ - at_)), 0);
+    const long unit = json_hex4(std::string_view(at_, static_cast<std::size_t>(end_ - at_)), 0);
     if (unit >= 0) at_ += 4;
     return unit;
   }
@@ -356,8 +367,8 @@ class BodyScanner {
       auto [end, ec] = std::from_chars(digits, integer_end, magnitude);
       const bool fits =
           ec == std::errc{} &&
-          (!negative || magnitude <= static_cast<std::uint64_t>(
-                                          std::numeric_limits<std::int64_t>::max()) + 1);
+          (!negative ||
+           magnitude <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) + 1);
       if (fits) {
         if (field == Field::temperature) body.zero_temperature = magnitude == 0;
         if (field == Field::max_tokens && (!negative || magnitude == 0)) {
@@ -384,7 +395,8 @@ class BodyScanner {
   static bool overflows(const char* begin, const char* end) {
     if (*begin == '-') ++begin;
     long exponent = 0;
-    const char* mantissa_end = std::find_if(begin, end, [](char c) { return c == 'e' || c == 'E'; });
+    const char* mantissa_end =
+        std::find_if(begin, end, [](char c) { return c == 'e' || c == 'E'; });
     if (mantissa_end != end) {
       const char* digits = mantissa_end + 1;
       if (*digits == '+') ++digits;
@@ -397,8 +409,8 @@ class BodyScanner {
     const char* first_significant =
         std::find_if(begin, mantissa_end, [](char c) { return c != '0' && c != '.'; });
     if (first_significant == mantissa_end) return false;
-    const long position = first_significant < point ? point - first_significant
-                                                    : -(first_significant - point - 1);
+    const long position =
+        first_significant < point ? point - first_significant : -(first_significant - point - 1);
     return exponent + position > 0;
   }
 
@@ -407,27 +419,39 @@ class BodyScanner {
   // A key seen again: what its earlier value set is forgotten first.
   void note_key(Field field) {
     switch (field) {
-      case Field::model: has_model = true; break;
+      case Field::model:
+        has_model = true;
+        break;
       case Field::cache:
         body.has_cache_field = true;
         body.cache.reset();
         break;
-      case Field::temperature: body.zero_temperature = false; break;
-      default: break;
+      case Field::temperature:
+        body.zero_temperature = false;
+        break;
+      default:
+        break;
     }
   }
 
   // A value of a type the field does not take.
   void other_value(Field field) {
     switch (field) {
-      case Field::model: model_is_string = false; break;
-      case Field::stream: body.stream = false; break;
+      case Field::model:
+        model_is_string = false;
+        break;
+      case Field::stream:
+        body.stream = false;
+        break;
       case Field::stream_options:
         body.has_stream_options = false;
         body.include_usage = false;
         break;
-      case Field::include_usage: body.include_usage = false; break;
-      default: break;
+      case Field::include_usage:
+        body.include_usage = false;
+        break;
+      default:
+        break;
     }
   }
 
@@ -444,9 +468,9 @@ Result<RequestBody, ApiError> inspect_request_body(std::string_view body, int ma
   BodyScanner scanner(body, max_depth);
   const bool ok = scanner.scan();
   if (scanner.too_deep) {
-    return ApiError::invalid_request("The JSON body is nested more than " +
-                                         std::to_string(max_depth) + " levels deep.",
-                                     "", "invalid_json");
+    return ApiError::invalid_request(
+        "The JSON body is nested more than " + std::to_string(max_depth) + " levels deep.", "",
+        "invalid_json");
   }
   if (!ok) {
     return ApiError::invalid_request(
@@ -454,8 +478,7 @@ Result<RequestBody, ApiError> inspect_request_body(std::string_view body, int ma
         "", "invalid_json");
   }
   if (!scanner.top_is_object) {
-    return ApiError::invalid_request("The request body must be a JSON object.", "",
-                                     "invalid_type");
+    return ApiError::invalid_request("The request body must be a JSON object.", "", "invalid_type");
   }
   if (!scanner.has_model) {
     return ApiError::invalid_request("You must provide a model parameter.", "model",

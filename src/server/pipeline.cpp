@@ -1,5 +1,6 @@
 #include "sluice/server/pipeline.hpp"
 
+#include <spdlog/spdlog.h>
 #include <array>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/buffer.hpp>
@@ -10,7 +11,6 @@
 #include <boost/asio/write.hpp>
 #include <charconv>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include "sluice/common/http_head.hpp"
 #include "sluice/common/json_scan.hpp"
@@ -52,8 +52,8 @@ std::optional<std::string_view> proxied_endpoint(std::string_view path) {
 // headers, the client's own credentials, and encodings the relay could not
 // inspect.
 bool is_withheld_from_upstream(std::string_view name) {
-  return is_hop_by_hop_header(name) || iequals(name, "authorization") ||
-         iequals(name, "api-key") || iequals(name, "x-api-key") || iequals(name, "expect") ||
+  return is_hop_by_hop_header(name) || iequals(name, "authorization") || iequals(name, "api-key") ||
+         iequals(name, "x-api-key") || iequals(name, "expect") ||
          iequals(name, "accept-encoding") || iequals(name, "x-request-id") ||
          iequals(name, "traceparent");
 }
@@ -156,8 +156,8 @@ net::awaitable<bool> write_response(RequestContext& context, unsigned status,
     // An answer of the gateway's own: all of its time is sluice's.
     context.gateway_time += Clock::now() - context.body_read;
     std::string timing;
-    metrics::render_server_timing(timing, {context.gateway_time, context.upstream_connect,
-                                           context.upstream_ttfb});
+    metrics::render_server_timing(
+        timing, {context.gateway_time, context.upstream_connect, context.upstream_ttfb});
     writer.raw_fields(timing);
     context.timing_sent = true;
   }
@@ -217,9 +217,7 @@ struct AttemptTask {
   bool launched = false;
   bool running = false;
 
-  bool has_usable_head() const {
-    return result && result->ok() && result->value()->status() < 400;
-  }
+  bool has_usable_head() const { return result && result->ok() && result->value()->status() < 400; }
 };
 
 net::awaitable<void> run_attempt(upstream::Client& client, AttemptTask& task,
@@ -244,9 +242,9 @@ void prepare_attempt(const ProxyInputs& inputs, AttemptTask& task, const router:
                                    {inputs.body_prefix, task.model_literal, inputs.body_suffix,
                                     inputs.body_addition, inputs.body_closing}};
   task.started_at = Clock::now();
-  task.limits = upstream::Limits{deployment.timeouts.connect, deployment.timeouts.ttft,
-                                 deployment.timeouts.idle,
-                                 task.started_at + deployment.timeouts.total};
+  task.limits =
+      upstream::Limits{deployment.timeouts.connect, deployment.timeouts.ttft,
+                       deployment.timeouts.idle, task.started_at + deployment.timeouts.total};
 }
 
 void launch(RequestContext& context, const ProxyInputs& inputs, AttemptTask& task,
@@ -254,8 +252,8 @@ void launch(RequestContext& context, const ProxyInputs& inputs, AttemptTask& tas
   prepare_attempt(inputs, task, attempt);
   task.launched = task.running = true;
   watch.watch(&task.abort_handle);
-  net::co_spawn(context.client.get_executor(),
-                run_attempt(context.worker.client(), task, wakeup), net::detached);
+  net::co_spawn(context.client.get_executor(), run_attempt(context.worker.client(), task, wakeup),
+                net::detached);
 }
 
 metrics::AttemptRecord attempt_record(const config::Deployment& deployment,
@@ -266,8 +264,9 @@ metrics::AttemptRecord attempt_record(const config::Deployment& deployment,
     connect_ms = to_ms(timing.connected - timing.started);
     if (timing.secured > timing.connected) tls_ms = to_ms(timing.secured - timing.connected);
   }
-  return {deployment.id, std::move(outcome), connect_ms, tls_ms,
-          to_ms(timing.first_byte - timing.sent), timing.reused};
+  return {
+      deployment.id, std::move(outcome), connect_ms, tls_ms, to_ms(timing.first_byte - timing.sent),
+      timing.reused};
 }
 
 // What a failed attempt left for the client, should it be the last one.
@@ -304,8 +303,8 @@ net::awaitable<FailedAttempt> settle_failure(RequestContext& context, router::Pl
   }
   auto& exchange = *result.value();
   failed.status = exchange.status();
-  context.record.attempts.push_back(attempt_record(deployment, exchange,
-                                                   "http_" + std::to_string(failed.status)));
+  context.record.attempts.push_back(
+      attempt_record(deployment, exchange, "http_" + std::to_string(failed.status)));
   failed.body = co_await read_error_body(exchange, context.relay_buffer);
   redact(failed.body, deployment.api_key);
   auto content_type = exchange.head()[http::field::content_type];
@@ -334,8 +333,8 @@ net::awaitable<bool> respond_failure(RequestContext& context, const FailedAttemp
 net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
                            stream::ClientWatch& watch) {
   auto executor = context.client.get_executor();
-  auto plan = context.snapshot->router->plan(*context.model, context.stream,
-                                             context.worker.next_random());
+  auto plan =
+      context.snapshot->router->plan(*context.model, context.stream, context.worker.next_random());
   net::steady_timer wakeup(executor);
   std::optional<FailedAttempt> last_failure;
 
@@ -469,8 +468,8 @@ net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
         remember_response(step);
       };
     }
-    auto outcome = co_await relay.run(exchange, sluice_fields(context), context.keep_alive,
-                                      relay_options);
+    auto outcome =
+        co_await relay.run(exchange, sluice_fields(context), context.keep_alive, relay_options);
     if (outcome.first_write != TimePoint{}) {
       context.gateway_time += outcome.first_write - timing.first_byte;
       context.record.ttft_ms = to_ms(outcome.first_write - context.head_started);
@@ -496,7 +495,7 @@ net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
                                                     : ApiError::upstream_unreachable(message);
       co_return co_await respond_error(context, api_error);
     }
-    co_return outcome.complete && context.keep_alive;
+    co_return outcome.complete&& context.keep_alive;
   }
 
   if (watch.client_gone()) co_return false;
@@ -613,8 +612,8 @@ void account(RequestContext& context, bool client_gone) {
   for (const auto& attempt : record.attempts) {
     if (attempt.connect_ms) gateway_metrics.upstream_connections_opened.add(shard);
   }
-  gateway_metrics.gateway_overhead.observe(shard,
-                                           std::chrono::duration<double>(context.gateway_time).count());
+  gateway_metrics.gateway_overhead.observe(
+      shard, std::chrono::duration<double>(context.gateway_time).count());
   if (client_gone) gateway_metrics.client_disconnects.add(shard);
   if (context.model) {
     metrics.requests(shard, context.model, context.answered, record.status).add(shard);
@@ -622,7 +621,8 @@ void account(RequestContext& context, bool client_gone) {
     model_metrics.request_duration.observe(shard, std::chrono::duration<double>(total).count());
     unsigned hedges = 0, fallbacks = 0;
     for (const auto& attempt : record.attempts) hedges += attempt.outcome == "lost_hedge";
-    if (context.attempts > 1 + hedges) model_metrics.retries.add(shard, context.attempts - 1 - hedges);
+    if (context.attempts > 1 + hedges)
+      model_metrics.retries.add(shard, context.attempts - 1 - hedges);
     if (context.answered && context.answered != nullptr) {
       bool from_fallback = true;
       for (const auto& deployment : context.model->deployments) {
@@ -634,7 +634,8 @@ void account(RequestContext& context, bool client_gone) {
     for (const auto& tag : record.tags) {
       if (tag == "hedge:won") model_metrics.hedges_won.add(shard);
     }
-    if (hedges > 0 || std::find(record.tags.begin(), record.tags.end(), "hedge:won") != record.tags.end()) {
+    if (hedges > 0 ||
+        std::find(record.tags.begin(), record.tags.end(), "hedge:won") != record.tags.end()) {
       model_metrics.hedges_fired.add(shard);
     }
     if (context.answered && context.upstream_ttfb) {
@@ -644,7 +645,8 @@ void account(RequestContext& context, bool client_gone) {
           continue;
         }
         auto deployment_metrics = metrics.deployment(owner, *context.answered);
-        deployment_metrics.ttft.observe(shard, std::chrono::duration<double>(*context.upstream_ttfb).count());
+        deployment_metrics.ttft.observe(
+            shard, std::chrono::duration<double>(*context.upstream_ttfb).count());
         if (context.upstream_connect) {
           deployment_metrics.upstream_connect.observe(
               shard, std::chrono::duration<double>(*context.upstream_connect).count());
@@ -666,15 +668,15 @@ void account(RequestContext& context, bool client_gone) {
 
   const auto& budgets = context.snapshot->config->budgets;
   metrics::StageDurations measured{context.gateway_time, context.upstream_ttfb, total};
-  record.over_budget = metrics::over_budget(
-      {budgets.gateway, budgets.upstream_ttfb, budgets.total}, measured);
+  record.over_budget =
+      metrics::over_budget({budgets.gateway, budgets.upstream_ttfb, budgets.total}, measured);
   if (!record.over_budget.empty()) {
     gateway_metrics.count_budget_overruns(shard, record.over_budget);
-    spdlog::warn("request {} over its latency budget: gateway {:.3f} ms, upstream ttfb {} ms, "
-                 "total {:.3f} ms",
-                 context.request_id, to_ms(context.gateway_time),
-                 context.upstream_ttfb ? std::to_string(to_ms(*context.upstream_ttfb)) : "-",
-                 to_ms(total));
+    spdlog::warn(
+        "request {} over its latency budget: gateway {:.3f} ms, upstream ttfb {} ms, "
+        "total {:.3f} ms",
+        context.request_id, to_ms(context.gateway_time),
+        context.upstream_ttfb ? std::to_string(to_ms(*context.upstream_ttfb)) : "-", to_ms(total));
   }
   context.worker.gateway().access_log().write(record);
 }
@@ -691,7 +693,8 @@ net::awaitable<bool> Pipeline::handle(RequestContext& context) {
   context.record.request_id = context.request_id;
   auto next_random = [&worker = context.worker] { return worker.next_random(); };
   auto traceparent = request["traceparent"];
-  auto incoming = metrics::parse_traceparent(std::string_view(traceparent.data(), traceparent.size()));
+  auto incoming =
+      metrics::parse_traceparent(std::string_view(traceparent.data(), traceparent.size()));
   context.trace = incoming ? *incoming : metrics::new_trace_context(next_random);
   context.record.trace_id = context.trace.trace_id_hex();
   bool keep = co_await serve(context);
@@ -705,13 +708,15 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
   std::string_view target(request.target().data(), request.target().size());
   auto query_start = target.find('?');
   std::string_view path = target.substr(0, query_start);
-  std::string_view query = query_start == std::string_view::npos ? std::string_view()
-                                                                 : target.substr(query_start);
+  std::string_view query =
+      query_start == std::string_view::npos ? std::string_view() : target.substr(query_start);
   auto method = request.method();
 
   if (path == "/health") {
     if (method != http::verb::get && method != http::verb::head) {
-      co_return co_await respond_error(context, ApiError::method_not_allowed(request.method_string(), path), "Allow: GET, HEAD\r\n");
+      co_return co_await respond_error(context,
+                                       ApiError::method_not_allowed(request.method_string(), path),
+                                       "Allow: GET, HEAD\r\n");
     }
     co_return co_await respond_json(context, 200, R"({"status":"ok"})");
   }
@@ -722,7 +727,9 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
   });
   if (path == "/v1/models") {
     if (method != http::verb::get && method != http::verb::head) {
-      co_return co_await respond_error(context, ApiError::method_not_allowed(request.method_string(), path), "Allow: GET, HEAD\r\n");
+      co_return co_await respond_error(context,
+                                       ApiError::method_not_allowed(request.method_string(), path),
+                                       "Allow: GET, HEAD\r\n");
     }
     auto admission = auth.admit({presented_key.value_or(""), "", 0, Clock::now()});
     admission.append_headers(context.response_fields);
@@ -811,8 +818,8 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
   inputs.endpoint = *endpoint;
   inputs.query = query;
   auto next_random = [&worker = context.worker] { return worker.next_random(); };
-  inputs.forward_fields = forwarded_fields(request, context.request_id,
-                                           metrics::next_hop(context.trace, next_random).traceparent());
+  inputs.forward_fields = forwarded_fields(
+      request, context.request_id, metrics::next_hop(context.trace, next_random).traceparent());
   if (cache_step.cache) inputs.cache_step = &cache_step;
   // `cache` is sluice's own field, never sent upstream; a body without it is
   // forwarded as it came.
@@ -825,10 +832,9 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
     forwarded = without_cache_field;
   }
   std::string respliced;
-  const auto splice =
-      splice_model(forwarded, respliced,
-                   forwarded.data() == request.body().data() ? inspected->model_value
-                                                              : std::nullopt);
+  const auto splice = splice_model(
+      forwarded, respliced,
+      forwarded.data() == request.body().data() ? inspected->model_value : std::nullopt);
   inputs.body_prefix = splice.before_model;
   inputs.body_suffix = splice.after_model;
   inputs.body_closing = splice.closing;

@@ -40,12 +40,11 @@ net::awaitable<Result<Endpoints, error_code>> DnsCache::resolve(const std::strin
   };
   auto executor = co_await net::this_coro::executor;
   auto pending = std::make_shared<Pending>(executor, deadline);
-  start_lookup(executor, host, port, deadline,
-               [pending](error_code ec, Endpoints endpoints) {
-                 if (pending->answer) return;
-                 pending->answer.emplace(ec, std::move(endpoints));
-                 pending->wake.cancel();
-               });
+  start_lookup(executor, host, port, deadline, [pending](error_code ec, Endpoints endpoints) {
+    if (pending->answer) return;
+    pending->answer.emplace(ec, std::move(endpoints));
+    pending->wake.cancel();
+  });
   if (!pending->answer) {
     co_await pending->wake.async_wait(net::as_tuple(net::use_awaitable));
   }
@@ -72,14 +71,14 @@ void DnsCache::start_lookup(const net::any_io_executor& executor, const std::str
   timer->async_wait([resolver](error_code ec) {
     if (!ec) resolver->cancel();
   });
-  resolver->async_resolve(
-      host, std::to_string(port),
-      [resolver, timer, done = std::move(done)](error_code ec, tcp::resolver::results_type results) {
-        timer->cancel();
-        Endpoints endpoints;
-        for (const auto& entry : results) endpoints.push_back(entry.endpoint());
-        done(ec, std::move(endpoints));
-      });
+  resolver->async_resolve(host, std::to_string(port),
+                          [resolver, timer, done = std::move(done)](
+                              error_code ec, tcp::resolver::results_type results) {
+                            timer->cancel();
+                            Endpoints endpoints;
+                            for (const auto& entry : results) endpoints.push_back(entry.endpoint());
+                            done(ec, std::move(endpoints));
+                          });
 }
 
 }  // namespace sluice::upstream

@@ -16,8 +16,9 @@ namespace sluice {
 struct RequestBody {
   std::string model;
   bool stream = false;
-  std::optional<std::uint64_t> max_tokens;  // max_tokens, max_completion_tokens or max_output_tokens
-  bool include_usage = false;               // stream_options.include_usage
+  std::optional<std::uint64_t>
+      max_tokens;              // max_tokens, max_completion_tokens or max_output_tokens
+  bool include_usage = false;  // stream_options.include_usage
   bool has_stream_options = false;
   bool zero_temperature = false;  // temperature is the number 0
   // sluice's own `cache` field, which is never forwarded: present at all,
