@@ -48,33 +48,31 @@ std::string& HeadWriter::finish() {
   return out_;
 }
 
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    char x = a[i], y = b[i];
-    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
-    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
-    if (x != y) return false;
-  }
-  return true;
-}
-
 bool is_hop_by_hop_header(std::string_view name) {
-  static constexpr std::string_view kHopByHop[] = {"connection",
-                                                   "keep-alive",
-                                                   "proxy-connection",
-                                                   "proxy-authenticate",
-                                                   "proxy-authorization",
-                                                   "te",
-                                                   "trailer",
-                                                   "transfer-encoding",
-                                                   "upgrade",
-                                                   "content-length",
-                                                   "host"};
-  for (auto hop : kHopByHop) {
-    if (iequals(name, hop)) return true;
+  // By length first: most names a request carries are none of these, and
+  // the length alone rules them out.
+  switch (name.size()) {
+    case 2:
+      return iequals(name, "te");
+    case 4:
+      return iequals(name, "host");
+    case 7:
+      return iequals(name, "trailer") || iequals(name, "upgrade");
+    case 10:
+      return iequals(name, "connection") || iequals(name, "keep-alive");
+    case 14:
+      return iequals(name, "content-length");
+    case 16:
+      return iequals(name, "proxy-connection");
+    case 17:
+      return iequals(name, "transfer-encoding");
+    case 18:
+      return iequals(name, "proxy-authenticate");
+    case 19:
+      return iequals(name, "proxy-authorization");
+    default:
+      return false;
   }
-  return false;
 }
 
 }  // namespace sluice

@@ -52,10 +52,25 @@ std::optional<std::string_view> proxied_endpoint(std::string_view path) {
 // headers, the client's own credentials, and encodings the relay could not
 // inspect.
 bool is_withheld_from_upstream(std::string_view name) {
-  return is_hop_by_hop_header(name) || iequals(name, "authorization") || iequals(name, "api-key") ||
-         iequals(name, "x-api-key") || iequals(name, "expect") ||
-         iequals(name, "accept-encoding") || iequals(name, "x-request-id") ||
-         iequals(name, "traceparent");
+  if (is_hop_by_hop_header(name)) return true;
+  switch (name.size()) {
+    case 6:
+      return iequals(name, "expect");
+    case 7:
+      return iequals(name, "api-key");
+    case 9:
+      return iequals(name, "x-api-key");
+    case 11:
+      return iequals(name, "traceparent");
+    case 12:
+      return iequals(name, "x-request-id");
+    case 13:
+      return iequals(name, "authorization");
+    case 15:
+      return iequals(name, "accept-encoding");
+    default:
+      return false;
+  }
 }
 
 std::string forwarded_fields(const ClientRequest& request, std::string_view request_id,
