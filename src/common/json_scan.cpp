@@ -167,6 +167,30 @@ long json_hex4(std::string_view text, std::size_t at) {
   return unit;
 }
 
+std::size_t utf8_sequence_length(std::string_view text, std::size_t at) {
+  auto byte = [&](std::size_t i) -> unsigned {
+    return at + i < text.size() ? static_cast<unsigned char>(text[at + i]) : 0u;
+  };
+  auto continuation = [&](std::size_t i) { return (byte(i) & 0xc0u) == 0x80u; };
+  const unsigned lead = byte(0);
+  if (lead >= 0xc2 && lead <= 0xdf) return continuation(1) ? 2 : 0;
+  if (lead >= 0xe0 && lead <= 0xef) {
+    const unsigned second = byte(1);
+    const bool second_ok = lead == 0xe0   ? (second >= 0xa0 && second <= 0xbf)
+                           : lead == 0xed ? (second >= 0x80 && second <= 0x9f)
+                                          : continuation(1);
+    return second_ok && continuation(2) ? 3 : 0;
+  }
+  if (lead >= 0xf0 && lead <= 0xf4) {
+    const unsigned second = byte(1);
+    const bool second_ok = lead == 0xf0   ? (second >= 0x90 && second <= 0xbf)
+                           : lead == 0xf4 ? (second >= 0x80 && second <= 0x8f)
+                                          : continuation(1);
+    return second_ok && continuation(2) && continuation(3) ? 4 : 0;
+  }
+  return 0;
+}
+
 bool decode_json_string(std::string_view literal, std::string& out) {
   std::size_t at = 0;
   while (at < literal.size()) {
@@ -226,8 +250,33 @@ bool decode_json_string(std::string_view literal, std::string& out) {
 }
 
 void append_json_string(std::string& out, std::string_view text) {
-  out.push_back('"');
-  for (char c : text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out += '"';
+  std::size_t i = 0;
+  while (i < text.size()) {
+    // Copy runs of bytes that need no escaping in one go.
+    std::size_t run = i;
+    while (run < text.size()) {
+      const auto c = static_cast<unsigned char>(text[run]);
+      if (c < 0x20 || c == '"' || c == '\\' || c >= 0x80) break;
+      ++run;
+    }
+    out.append(text.data() + i, run - i);
+    i = run;
+    if (i == text.size()) break;
+
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x80) {
+      const std::size_t length = utf8_sequence_length(text, i);
+      if (length == 0) {
+        out += "\\ufffd";
+        ++i;
+      } else {
+        out.append(text.data() + i, length);
+        i += length;
+      }
+      continue;
+    }
     switch (c) {
       case '"':
         out += "\\\"";
@@ -244,17 +293,20 @@ void append_json_string(std::string& out, std::string_view text) {
       case '\t':
         out += "\\t";
         break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned char>(c));
-          out += escaped;
-        } else {
-          out.push_back(c);
-        }
+        out += "\\u00";
+        out += kHex[c >> 4];
+        out += kHex[c & 0x0f];
     }
+    ++i;
   }
-  out.push_back('"');
+  out += '"';
 }
 
 }  // namespace sluice

@@ -301,34 +301,11 @@ class BodyScanner {
     return unit;
   }
 
-  // RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF.
   bool utf8_sequence() {
-    const auto lead = static_cast<unsigned char>(*at_);
-    unsigned char low = 0x80;
-    unsigned char high = 0xBF;
-    int continuation;
-    if (lead >= 0xC2 && lead <= 0xDF) {
-      continuation = 1;
-    } else if (lead >= 0xE0 && lead <= 0xEF) {
-      continuation = 2;
-      if (lead == 0xE0) low = 0xA0;
-      if (lead == 0xED) high = 0x9F;
-    } else if (lead >= 0xF0 && lead <= 0xF4) {
-      continuation = 3;
-      if (lead == 0xF0) low = 0x90;
-      if (lead == 0xF4) high = 0x8F;
-    } else {
-      return false;
-    }
-    if (end_ - at_ <= continuation) return false;
-    ++at_;
-    for (int i = 0; i < continuation; ++i, ++at_) {
-      const auto byte = static_cast<unsigned char>(*at_);
-      if (byte < low || byte > high) return false;
-      low = 0x80;
-      high = 0xBF;
-    }
-    return true;
+    const auto length =
+        utf8_sequence_length(std::string_view(at_, static_cast<std::size_t>(end_ - at_)), 0);
+    at_ += length;
+    return length > 0;
   }
 
   // -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?

@@ -112,7 +112,8 @@ TEST(RequestBody, RefusesANulByteAnywhere) {
 }
 
 TEST(RequestBody, RefusesDeepNesting) {
-  std::string deep = "{\"model\":\"m\",\"x\":" + std::string(100, '[') + std::string(100, ']') + "}";
+  std::string deep =
+      "{\"model\":\"m\",\"x\":" + std::string(100, '[') + std::string(100, ']') + "}";
   auto body = inspect_request_body(deep);
   ASSERT_FALSE(body.ok());
   EXPECT_NE(body.error().message.find("nested"), std::string::npos);
@@ -126,18 +127,65 @@ TEST(RequestBody, AcceptsAndRefusesAsAStrictJsonParser) {
   auto verdict = [](const std::string& value) {
     return inspect_request_body(R"({"model":"m","x":)" + value + "}").ok();
   };
-  for (const char* good :
-       {"0", "-0", "1.5", "-1.5e-3", "1E+2", "18446744073709551615", "18446744073709551616",
-        "-9223372036854775809", "1e-400", "0e999999", "[]", "{}", "[1,[2,{\"a\":null}]]", "true",
-        "false", "null", R"("\"\\\/\b\f\n\r\t")", R"("\u00e9\uD83D\uDE00")", "\"\xc3\xa9\"",
-        "\"\xe2\x82\xac\"", "\"\xf0\x9f\x98\x80\"", "\"\xf4\x8f\xbf\xbf\"", " \t\r\n1 "}) {
+  for (const char* good : {"0",
+                           "-0",
+                           "1.5",
+                           "-1.5e-3",
+                           "1E+2",
+                           "18446744073709551615",
+                           "18446744073709551616",
+                           "-9223372036854775809",
+                           "1e-400",
+                           "0e999999",
+                           "[]",
+                           "{}",
+                           "[1,[2,{\"a\":null}]]",
+                           "true",
+                           "false",
+                           "null",
+                           R"("\"\\\/\b\f\n\r\t")",
+                           R"("\u00e9\uD83D\uDE00")",
+                           "\"\xc3\xa9\"",
+                           "\"\xe2\x82\xac\"",
+                           "\"\xf0\x9f\x98\x80\"",
+                           "\"\xf4\x8f\xbf\xbf\"",
+                           " \t\r\n1 "}) {
     EXPECT_TRUE(verdict(good)) << good;
   }
-  for (const std::string bad : std::vector<std::string>{"01", "-", "1.", ".5", "+1", "1e", "1e+", "1e400", "-1e400", "1" + std::string(400, '0'),
-        "NaN", "Infinity", "tru", "nul", "[1,]", "{\"a\":1,}", "{\"a\"}", "{1:2}", "[1 2]",
-        R"("\x")", R"("\u12")", R"("\uD83D")", R"("\uDE00")", R"("\uD83D\u0041")",
-        "\"\x01\"", "\"\xc0\xaf\"", "\"\xe0\x80\xaf\"", "\"\xed\xa0\x80\"", "\"\xf4\x90\x80\x80\"",
-        "\"\xf5\x80\x80\x80\"", "\"\x80\"", "\"\xc3\"", "\"abc", "'a'"}) {
+  for (const std::string bad : std::vector<std::string>{"01",
+                                                        "-",
+                                                        "1.",
+                                                        ".5",
+                                                        "+1",
+                                                        "1e",
+                                                        "1e+",
+                                                        "1e400",
+                                                        "-1e400",
+                                                        "1" + std::string(400, '0'),
+                                                        "NaN",
+                                                        "Infinity",
+                                                        "tru",
+                                                        "nul",
+                                                        "[1,]",
+                                                        "{\"a\":1,}",
+                                                        "{\"a\"}",
+                                                        "{1:2}",
+                                                        "[1 2]",
+                                                        R"("\x")",
+                                                        R"("\u12")",
+                                                        R"("\uD83D")",
+                                                        R"("\uDE00")",
+                                                        R"("\uD83D\u0041")",
+                                                        "\"\x01\"",
+                                                        "\"\xc0\xaf\"",
+                                                        "\"\xe0\x80\xaf\"",
+                                                        "\"\xed\xa0\x80\"",
+                                                        "\"\xf4\x90\x80\x80\"",
+                                                        "\"\xf5\x80\x80\x80\"",
+                                                        "\"\x80\"",
+                                                        "\"\xc3\"",
+                                                        "\"abc",
+                                                        "'a'"}) {
     EXPECT_FALSE(verdict(bad)) << bad;
   }
   EXPECT_FALSE(inspect_request_body(R"({"model":"m"} x)").ok());
@@ -159,9 +207,9 @@ TEST(RequestBody, ModelAndKeysAreReadDecoded) {
 TEST(RequestBody, MaxTokensTakesNonNegativeIntegersOnly) {
   EXPECT_EQ(inspect_request_body(R"({"model":"m","max_tokens":-1})")->max_tokens, std::nullopt);
   EXPECT_EQ(inspect_request_body(R"({"model":"m","max_tokens":1.5})")->max_tokens, std::nullopt);
-  EXPECT_EQ(inspect_request_body(R"({"model":"m","max_output_tokens":18446744073709551615})")
-                ->max_tokens,
-            18446744073709551615u);
+  EXPECT_EQ(
+      inspect_request_body(R"({"model":"m","max_output_tokens":18446744073709551615})")->max_tokens,
+      18446744073709551615u);
   EXPECT_EQ(inspect_request_body(R"({"model":"m","max_tokens":18446744073709551616})")->max_tokens,
             std::nullopt);
 }
@@ -266,6 +314,10 @@ TEST(JsonScan, AppendsEscapedStrings) {
   std::string out;
   append_json_string(out, "a\"b\\c\n\x01");
   EXPECT_EQ(out, "\"a\\\"b\\\\c\\n\\u0001\"");
+  // Valid UTF-8 passes as it is; what is not UTF-8 becomes U+FFFD.
+  out.clear();
+  append_json_string(out, "\xc3\xa9 \xff \xed\xa0\x80 \xe2\x82");
+  EXPECT_EQ(out, "\"\xc3\xa9 \\ufffd \\ufffd\\ufffd\\ufffd \\ufffd\\ufffd\"");
 }
 
 }  // namespace

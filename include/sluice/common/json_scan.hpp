@@ -37,6 +37,13 @@ long json_hex4(std::string_view text, std::size_t at);
 bool decode_json_string(std::string_view literal, std::string& out);
 
 // Appends `text` as a JSON string literal (quotes and escapes included).
+// Bytes that are not UTF-8 become U+FFFD, so the result is always valid JSON
+// whatever a client, a config or an upstream put in the text.
 void append_json_string(std::string& out, std::string_view text);
+
+// Length of the valid UTF-8 sequence starting at text[at] (a byte >= 0x80),
+// or 0 when it is not one (RFC 3629: no overlong forms, no surrogates,
+// nothing above U+10FFFF).
+std::size_t utf8_sequence_length(std::string_view text, std::size_t at);
 
 }  // namespace sluice
