@@ -867,7 +867,7 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
     inputs.strip_usage_only_chunks = true;
   }
 
-  stream::ClientWatch watch(context.client, context.client_buffer);
+  stream::ClientWatch watch(context.client);
   watch.start();
   bool keep = co_await proxy(context, inputs, watch);
   // Settled as soon as the response has ended, before anything else can

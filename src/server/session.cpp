@@ -1,5 +1,7 @@
 #include "sluice/server/session.hpp"
 
+#include <spdlog/spdlog.h>
+#include <array>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
@@ -8,14 +10,13 @@
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
-#include <array>
 #include <cstdio>
 #include <optional>
-#include <spdlog/spdlog.h>
 
 #include "sluice/common/errors.hpp"
 #include "sluice/server/gateway.hpp"
 #include "sluice/server/pipeline.hpp"
+#include "sluice/stream/relay.hpp"
 
 namespace sluice::server {
 
@@ -37,7 +38,8 @@ std::string request_id_for(const ClientRequest& request, Worker& worker) {
     if (printable) return std::string(given.data(), given.size());
   }
   char id[24];
-  std::snprintf(id, sizeof id, "req_%016llx", static_cast<unsigned long long>(worker.next_random()));
+  std::snprintf(id, sizeof id, "req_%016llx",
+                static_cast<unsigned long long>(worker.next_random()));
   return id;
 }
 
@@ -54,10 +56,11 @@ std::optional<ApiError> read_error_response(const error_code& ec, const config::
 // Answers before any request has been parsed (no RequestContext yet).
 net::awaitable<void> write_plain_error(beast::tcp_stream& client, const ApiError& error) {
   std::string body = error.to_json();
-  std::string response = "HTTP/1.1 " + std::to_string(error.status) + " " +
-                         std::string(http::obsolete_reason(static_cast<http::status>(error.status))) +
-                         "\r\nContent-Type: application/json\r\nContent-Length: " +
-                         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  std::string response =
+      "HTTP/1.1 " + std::to_string(error.status) + " " +
+      std::string(http::obsolete_reason(static_cast<http::status>(error.status))) +
+      "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+      "\r\nConnection: close\r\n\r\n" + body;
   client.expires_after(std::chrono::seconds(5));
   co_await net::async_write(client, net::buffer(response), as_tuple(use_awaitable));
 }
@@ -86,7 +89,9 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
   socket.set_option(net::ip::tcp::no_delay(true), ignored);
   beast::tcp_stream client(std::move(socket));
   beast::flat_buffer buffer;
-  std::vector<char> relay_buffer(16 * 1024);
+  // Small to start with: a held stream's events are small. The relay grows
+  // it for a body that arrives in bulk.
+  std::vector<char> relay_buffer(stream::Relay::kFirstReadSize);
   ClientConnection tracked{&client.socket()};
   worker.track(&tracked);
 
@@ -132,7 +137,12 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     client.expires_never();
 
     auto& request = parser.get();
-    RequestContext context{worker, snapshot, request, client, buffer, relay_buffer,
+    RequestContext context{worker,
+                           snapshot,
+                           request,
+                           client,
+                           buffer,
+                           relay_buffer,
                            request.keep_alive() && !gateway.draining()};
     context.request_id = request_id_for(request, worker);
     context.head_started = head_started;

@@ -9,8 +9,8 @@ namespace sluice::stream {
 
 namespace net = boost::asio;
 
-ClientWatch::ClientWatch(boost::beast::tcp_stream& client, boost::beast::flat_buffer& buffer)
-    : client_(client), buffer_(buffer), finished_signal_(client.get_executor()) {
+ClientWatch::ClientWatch(boost::beast::tcp_stream& client)
+    : client_(client), finished_signal_(client.get_executor()) {
   finished_signal_.expires_at(net::steady_timer::time_point::max());
 }
 
@@ -20,11 +20,15 @@ void ClientWatch::start() {
 }
 
 net::awaitable<void> ClientWatch::run() {
-  auto [ec, n] = co_await client_.socket().async_read_some(buffer_.prepare(4096),
-                                                           net::as_tuple(net::use_awaitable));
+  auto [ec] = co_await client_.socket().async_wait(net::ip::tcp::socket::wait_read,
+                                                   net::as_tuple(net::use_awaitable));
+  // Readable with nothing to read is the end of the connection (or a reset);
+  // readable with bytes is a pipelined request, left for the session.
   if (!ec) {
-    buffer_.commit(n);
-  } else if (!stopping_) {
+    const std::size_t pending = client_.socket().available(ec);
+    if (!ec && pending == 0) ec = net::error::eof;
+  }
+  if (ec && !stopping_) {
     client_gone_ = true;
     for (auto* target : targets_) {
       if (target) target->abort();

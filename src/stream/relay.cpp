@@ -1,5 +1,6 @@
 #include "sluice/stream/relay.hpp"
 
+#include <algorithm>
 #include <array>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/buffer.hpp>
@@ -153,7 +154,12 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     options.on_upstream_complete(outcome);
   };
 
+  bool filled_buffer = false;
   for (;;) {
+    // Grown between reads, never while a write still points into it.
+    if (filled_buffer && buffer_.size() < kLargestRead) {
+      buffer_.resize(std::min(buffer_.size() * 2, kLargestRead));
+    }
     auto read = co_await exchange.read_body(buffer_.data(), buffer_.size());
     if (!read) {
       outcome.upstream_error = read.error();
@@ -178,6 +184,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
       co_return outcome;
     }
     std::size_t n = read.value();
+    filled_buffer = n == buffer_.size();
     if (n == 0) {
       report_completion();
       if (scanner) {

@@ -3,25 +3,25 @@
 #include <array>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 
 #include "sluice/upstream/client.hpp"
 
 namespace sluice::stream {
 
-// Keeps a read pending on the client socket while a request waits on its
-// upstream, so a client that goes away aborts the upstream exchange at once
-// instead of at the next write. Bytes the client pipelines meanwhile are kept
-// in the session's buffer for the next request.
+// Waits for the client socket to become readable while a request waits on
+// its upstream, so a client that goes away aborts the upstream exchange at
+// once instead of at the next write. It reads nothing: bytes the client
+// pipelines meanwhile stay in the socket for the next request, and a held
+// stream keeps no read buffer for its watch.
 class ClientWatch {
  public:
-  ClientWatch(boost::beast::tcp_stream& client, boost::beast::flat_buffer& buffer);
+  explicit ClientWatch(boost::beast::tcp_stream& client);
   ClientWatch(const ClientWatch&) = delete;
   ClientWatch& operator=(const ClientWatch&) = delete;
 
   void start();
-  // Cancels the pending read and waits until it has finished; must be
+  // Cancels the pending wait and waits until it has finished; must be
   // awaited before the watch is destroyed once started.
   boost::asio::awaitable<void> stop();
 
@@ -35,7 +35,6 @@ class ClientWatch {
   boost::asio::awaitable<void> run();
 
   boost::beast::tcp_stream& client_;
-  boost::beast::flat_buffer& buffer_;
   boost::asio::steady_timer finished_signal_;
   std::array<upstream::AbortHandle*, 2> targets_{};
   bool running_ = false;

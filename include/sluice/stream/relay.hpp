@@ -61,6 +61,12 @@ struct RelayOptions {
 // client can tell.
 class Relay {
  public:
+  // The read buffer starts at kFirstReadSize and grows (up to kLargestRead)
+  // when reads keep filling it: streams keep a small buffer, bulk bodies get
+  // fewer, larger reads.
+  static constexpr std::size_t kFirstReadSize = 4 * 1024;
+  static constexpr std::size_t kLargestRead = 16 * 1024;
+
   Relay(boost::beast::tcp_stream& client, std::vector<char>& buffer,
         std::chrono::milliseconds write_timeout)
       : client_(client), buffer_(buffer), write_timeout_(write_timeout) {}
