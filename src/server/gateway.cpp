@@ -39,6 +39,11 @@ std::shared_ptr<const Snapshot> Snapshot::build(config::ConfigPtr config,
         {{"id", model.name}, {"object", "model"}, {"created", 0}, {"owned_by", "sluice"}});
   }
   snapshot->models_json = nlohmann::json{{"object", "list"}, {"data", std::move(data)}}.dump();
+  for (const auto& model : config->models) {
+    for (const auto& deployment : model.deployments) {
+      snapshot->origins.emplace(&deployment, upstream::Origin::from(deployment));
+    }
+  }
   snapshot->config = std::move(config);
   return snapshot;
 }
@@ -77,9 +82,9 @@ void Worker::keep_warm() {
   for (const auto& model : snapshot->config->models) {
     for (const auto& deployment : model.deployments) {
       if (deployment.warm_connections == 0) continue;
-      auto origin = upstream::Origin::from(deployment);
+      const auto& origin = snapshot->origin(deployment);
       auto& entry = wanted[origin.key()];
-      if (entry.count == 0) entry.origin = std::move(origin);
+      if (entry.count == 0) entry.origin = origin;
       entry.count += deployment.warm_connections;
       entry.connect_timeout = std::max(entry.connect_timeout, deployment.timeouts.connect);
     }

@@ -235,10 +235,9 @@ struct AttemptTask {
   bool has_usable_head() const { return result && result->ok() && result->value()->status() < 400; }
 };
 
-net::awaitable<void> run_attempt(upstream::Client& client, AttemptTask& task,
-                                 net::steady_timer& wakeup) {
-  task.result.emplace(co_await client.start(upstream::Origin::from(*task.attempt.deployment),
-                                            task.request, task.limits, task.abort_handle));
+net::awaitable<void> run_attempt(upstream::Client& client, const upstream::Origin& origin,
+                                 AttemptTask& task, net::steady_timer& wakeup) {
+  task.result.emplace(co_await client.start(origin, task.request, task.limits, task.abort_handle));
   task.running = false;
   wakeup.cancel();
 }
@@ -267,7 +266,10 @@ void launch(RequestContext& context, const ProxyInputs& inputs, AttemptTask& tas
   prepare_attempt(inputs, task, attempt);
   task.launched = task.running = true;
   watch.watch(&task.abort_handle);
-  net::co_spawn(context.client.get_executor(), run_attempt(context.worker.client(), task, wakeup),
+  // The snapshot the request holds keeps the origin alive for the attempt.
+  net::co_spawn(context.client.get_executor(),
+                run_attempt(context.worker.client(), context.snapshot->origin(*attempt.deployment),
+                            task, wakeup),
                 net::detached);
 }
 
@@ -561,7 +563,7 @@ net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& cont
     AttemptTask task;
     prepare_attempt(inputs, task, *attempt);
     auto result = co_await context.worker.client().start(
-        upstream::Origin::from(deployment), task.request, task.limits, task.abort_handle);
+        context.snapshot->origin(deployment), task.request, task.limits, task.abort_handle);
     if (!result) {
       const auto& error = result.error();
       plan.report(*attempt,

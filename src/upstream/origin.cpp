@@ -2,26 +2,39 @@
 
 namespace sluice::upstream {
 
-std::string Origin::key() const {
-  std::string key = tls ? "https://" : "http://";
-  key += host;
+namespace {
+
+std::string pool_key(const Origin& origin) {
+  std::string key = origin.tls ? "https://" : "http://";
+  key += origin.host;
   key += ':';
-  key += std::to_string(port);
-  if (tls && !tls_verify) key += "#noverify";
-  if (tls && !ca_file.empty()) key += "#ca=" + ca_file;
+  key += std::to_string(origin.port);
+  if (origin.tls && !origin.tls_verify) key += "#noverify";
+  if (origin.tls && !origin.ca_file.empty()) key += "#ca=" + origin.ca_file;
   return key;
 }
 
-std::string Origin::host_header() const {
-  bool ipv6 = host.find(':') != std::string::npos;
-  std::string value = ipv6 ? "[" + host + "]" : host;
-  if ((tls && port != 443) || (!tls && port != 80)) value += ":" + std::to_string(port);
+std::string host_header_value(const Origin& origin) {
+  bool ipv6 = origin.host.find(':') != std::string::npos;
+  std::string value = ipv6 ? "[" + origin.host + "]" : origin.host;
+  const std::uint16_t default_port = origin.tls ? 443 : 80;
+  if (origin.port != default_port) value += ":" + std::to_string(origin.port);
   return value;
 }
 
+}  // namespace
+
 Origin Origin::from(const config::Deployment& deployment) {
   const auto& url = deployment.base_url;
-  return Origin{url.host, url.port, url.tls(), deployment.tls_verify, deployment.ca_file};
+  Origin origin;
+  origin.host = url.host;
+  origin.port = url.port;
+  origin.tls = url.tls();
+  origin.tls_verify = deployment.tls_verify;
+  origin.ca_file = deployment.ca_file;
+  origin.key_ = pool_key(origin);
+  origin.host_header_ = host_header_value(origin);
+  return origin;
 }
 
 }  // namespace sluice::upstream

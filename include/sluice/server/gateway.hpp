@@ -34,7 +34,14 @@ struct Snapshot {
   std::shared_ptr<auth::AuthStage> auth;
   std::shared_ptr<metrics::SnapshotMetrics> metrics;
   std::shared_ptr<cache::Caches> caches;  // carried over on reload, see Caches
-  std::string models_json;  // GET /v1/models, rendered once
+  std::string models_json;                // GET /v1/models, rendered once
+  // Where each deployment of `config` connects, with its pool key and Host
+  // value made once rather than per request.
+  std::unordered_map<const config::Deployment*, upstream::Origin> origins;
+
+  const upstream::Origin& origin(const config::Deployment& deployment) const {
+    return origins.at(&deployment);
+  }
 
   static std::shared_ptr<const Snapshot> build(config::ConfigPtr config,
                                                metrics::GatewayMetrics& metrics,

@@ -17,11 +17,17 @@ struct Origin {
   std::string ca_file;
 
   // "https://host:port" plus the trust settings, unique per pool.
-  std::string key() const;
+  const std::string& key() const { return key_; }
   // The Host header value: the port is left out when it is the scheme's default.
-  std::string host_header() const;
+  const std::string& host_header() const { return host_header_; }
 
+  // Both derived strings are made here, once: the gateway keeps one Origin
+  // per deployment in its snapshot instead of rebuilding them per request.
   static Origin from(const config::Deployment& deployment);
+
+ private:
+  std::string key_;
+  std::string host_header_;
 };
 
 }  // namespace sluice::upstream
