@@ -119,10 +119,10 @@ net::awaitable<std::optional<bool>> answer_from_cache(RequestContext& context,
   co_return co_await respond_body(context, 200, "application/json", hit->body, fields);
 }
 
-void remember_response(CacheStep& step) {
-  if (!step.cache || !step.complete) return;
-  auto response = step.event_stream ? cache::from_event_stream(step.captured, step.endpoint)
-                                    : cache::from_json_body(step.captured, step.endpoint);
+void remember_response(CacheStep& step, bool event_stream) {
+  if (!step.cache) return;
+  auto response = event_stream ? cache::from_event_stream(step.captured, step.endpoint)
+                               : cache::from_json_body(step.captured, step.endpoint);
   if (!response) return;
   step.cache->store(step.key.exact,
                     std::make_shared<const cache::CachedResponse>(std::move(*response)),

@@ -480,9 +480,9 @@ net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
       // once is a hit.
       relay_options.on_upstream_complete = [&step = *inputs.cache_step,
                                             &exchange](const stream::RelayOutcome& so_far) {
-        step.complete = !so_far.capture_overflowed && exchange.status() == 200;
-        step.event_stream = exchange.is_event_stream();
-        remember_response(step);
+        if (!so_far.capture_overflowed && exchange.status() == 200) {
+          remember_response(step, exchange.is_event_stream());
+        }
       };
     }
     auto outcome =

@@ -26,10 +26,8 @@ struct CacheStep {
   cache::RequestKey key;
   std::vector<float> unit_vector;  // semantic mode: the query's embedding
 
-  // Filled by the proxy while it relays the answer.
-  std::string captured;   // the upstream body as read
-  bool complete = false;  // a 200 read to its end, nothing dropped from the capture
-  bool event_stream = false;
+  // Filled by the proxy while it relays the answer: the upstream body as read.
+  std::string captured;
 };
 
 // Looks the request up when its model has a cache (the caller checks the
@@ -42,7 +40,8 @@ boost::asio::awaitable<std::optional<bool>> answer_from_cache(RequestContext& co
                                                               const RequestBody& inspected,
                                                               CacheStep& step);
 
-// Stores the answer of a cacheable miss if it was complete and successful.
-void remember_response(CacheStep& step);
+// Stores the answer of a cacheable miss; the caller has seen it was a 200,
+// read to its end with nothing dropped from the capture.
+void remember_response(CacheStep& step, bool event_stream);
 
 }  // namespace sluice::server
