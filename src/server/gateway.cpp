@@ -178,6 +178,21 @@ void Gateway::apply(config::ConfigPtr config) {
 
 namespace {
 
+void admit(Gateway& gateway, Worker& worker, tcp::socket socket) {
+  auto limit = gateway.snapshot()->config->server.max_connections;
+  if (gateway.open_connections().load(std::memory_order_relaxed) >= limit) {
+    net::co_spawn(worker.context(), refuse_connection(std::move(socket)), net::detached);
+    return;
+  }
+  gateway.open_connections().fetch_add(1, std::memory_order_relaxed);
+  net::co_spawn(worker.context(), serve_connection(worker, std::move(socket)), net::detached);
+}
+
+// Connections that arrive together are taken without waiting for each: at
+// most this many more per wake-up, so the other connections of the
+// accepting worker are not starved during a burst.
+constexpr int kAcceptsPerWakeup = 64;
+
 net::awaitable<void> accept_connections(Gateway& gateway, tcp::acceptor& acceptor) {
   auto& workers = gateway.workers();
   std::size_t next = 0;
@@ -193,13 +208,17 @@ net::awaitable<void> accept_connections(Gateway& gateway, tcp::acceptor& accepto
       co_await pause.async_wait(as_tuple(use_awaitable));
       continue;
     }
-    auto limit = gateway.snapshot()->config->server.max_connections;
-    if (gateway.open_connections().load(std::memory_order_relaxed) >= limit) {
-      net::co_spawn(worker.context(), refuse_connection(std::move(socket)), net::detached);
-      continue;
+    admit(gateway, worker, std::move(socket));
+    // The acceptor is non-blocking: an accept with nothing queued fails at
+    // once, and any failure is left to the awaited accept above.
+    for (int more = 0; more < kAcceptsPerWakeup; ++more) {
+      auto& next_worker = *workers[next % workers.size()];
+      error_code accept_ec;
+      auto accepted = acceptor.accept(next_worker.context(), accept_ec);
+      if (accept_ec) break;
+      ++next;
+      admit(gateway, next_worker, std::move(accepted));
     }
-    gateway.open_connections().fetch_add(1, std::memory_order_relaxed);
-    net::co_spawn(worker.context(), serve_connection(worker, std::move(socket)), net::detached);
   }
 }
 
@@ -237,6 +256,7 @@ void Gateway::start() {
   acceptor_->set_option(net::socket_base::reuse_address(true));
   acceptor_->bind(endpoint);
   acceptor_->listen(net::socket_base::max_listen_connections);
+  acceptor_->non_blocking(true);
   bound_port_ = acceptor_->local_endpoint().port();
   bound_host_ = acceptor_->local_endpoint().address().to_string();
 

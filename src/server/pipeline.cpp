@@ -8,10 +8,10 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <boost/asio/write.hpp>
 #include <charconv>
 #include <nlohmann/json.hpp>
 
+#include "sluice/common/eager_write.hpp"
 #include "sluice/common/http_head.hpp"
 #include "sluice/common/json_scan.hpp"
 #include "sluice/common/request_body.hpp"
@@ -184,7 +184,7 @@ net::awaitable<bool> write_response(RequestContext& context, unsigned status,
   std::array<net::const_buffer, 2> wire = {net::buffer(head),
                                            net::buffer(head_only ? std::string_view() : body)};
   context.client.expires_after(30s);
-  auto [ec, n] = co_await net::async_write(context.client, wire, as_tuple(use_awaitable));
+  auto [ec, n] = co_await write_eagerly(context.client, &context.client.socket(), wire);
   co_return !ec && context.keep_alive;
 }
 
@@ -368,12 +368,25 @@ net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
 
     // The primary attempt and at most one hedge race for the first byte.
     std::array<AttemptTask, 2> tasks;
-    launch(context, inputs, tasks[0], *attempt, watch, wakeup);
-    std::optional<TimePoint> hedge_at;
-    if (attempt->hedge_after) hedge_at = tasks[0].started_at + *attempt->hedge_after;
-
     AttemptTask* winner = nullptr;
-    for (;;) {
+    std::optional<TimePoint> hedge_at;
+    if (!attempt->hedge_after) {
+      // Nothing races an attempt without a hedge: it runs in this coroutine,
+      // which spares a spawn and a wake-up per request.
+      auto& task = tasks[0];
+      prepare_attempt(inputs, task, *attempt);
+      task.launched = true;
+      watch.watch(&task.abort_handle);
+      const auto& origin = context.snapshot->origin(*attempt->deployment);
+      task.result.emplace(co_await context.worker.client().start(origin, task.request, task.limits,
+                                                                 task.abort_handle));
+      if (task.has_usable_head()) winner = &task;
+    } else {
+      launch(context, inputs, tasks[0], *attempt, watch, wakeup);
+      hedge_at = tasks[0].started_at + *attempt->hedge_after;
+    }
+
+    while (!winner) {
       for (auto& task : tasks) {
         if (task.launched && !task.running && task.has_usable_head()) {
           winner = &task;
@@ -869,13 +882,13 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
     inputs.strip_usage_only_chunks = true;
   }
 
-  stream::ClientWatch watch(context.client);
+  auto& watch = context.watch;
   watch.start();
   bool keep = co_await proxy(context, inputs, watch);
-  // Settled as soon as the response has ended, before anything else can
-  // suspend: the client may already be sending its next request.
+  // Settled as soon as the response has ended: the client may already be
+  // sending its next request.
   auth.complete(admission, context.usage_tokens, Clock::now());
-  co_await watch.stop();
+  watch.stop();
   context.client_gone = watch.client_gone();
   co_return keep && !watch.client_gone();
 }

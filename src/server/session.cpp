@@ -8,12 +8,13 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
-#include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <cstdio>
 #include <optional>
 
 #include "sluice/common/errors.hpp"
+#include "sluice/common/http_read.hpp"
+#include "sluice/common/socket_deadline.hpp"
 #include "sluice/server/gateway.hpp"
 #include "sluice/server/pipeline.hpp"
 #include "sluice/stream/relay.hpp"
@@ -87,11 +88,16 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
   auto& gateway = worker.gateway();
   error_code ignored;
   socket.set_option(net::ip::tcp::no_delay(true), ignored);
+  // Writes are tried directly before they are awaited (write_eagerly).
+  socket.non_blocking(true, ignored);
   beast::tcp_stream client(std::move(socket));
   beast::flat_buffer buffer;
   // Small to start with: a held stream's events are small. The relay grows
   // it for a body that arrives in bulk.
   std::vector<char> relay_buffer(stream::Relay::kFirstReadSize);
+  // The request reads' deadline; the stream's own expiry serves its writes.
+  SocketDeadline read_deadline(client.socket());
+  stream::ClientWatch watch(client.socket());
   ClientConnection tracked{&client.socket()};
   worker.track(&tracked);
 
@@ -103,12 +109,11 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     parser.body_limit(limits.max_body_bytes);
 
     auto head_started = Clock::now();
-    client.expires_after(first || buffer.size() > 0 ? limits.header_timeout
-                                                    : limits.keepalive_timeout);
+    read_deadline.expires_after(first || buffer.size() > 0 ? limits.header_timeout
+                                                           : limits.keepalive_timeout);
     tracked.idle = buffer.size() == 0;
     if (tracked.idle && gateway.draining()) break;
-    auto [head_ec, head_bytes] =
-        co_await http::async_read_header(client, buffer, parser, as_tuple(use_awaitable));
+    auto head_ec = co_await read_http(client.socket(), buffer, parser, false, read_deadline);
     tracked.idle = false;
     if (head_ec) {
       if (auto error = read_error_response(head_ec, limits)) {
@@ -124,9 +129,8 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
         co_await net::async_write(client, net::buffer("HTTP/1.1 100 Continue\r\n\r\n", 25),
                                   as_tuple(use_awaitable));
       }
-      client.expires_after(limits.body_timeout);
-      auto [body_ec, body_bytes] =
-          co_await http::async_read(client, buffer, parser, as_tuple(use_awaitable));
+      read_deadline.expires_after(limits.body_timeout);
+      auto body_ec = co_await read_http(client.socket(), buffer, parser, true, read_deadline);
       if (body_ec) {
         if (auto error = read_error_response(body_ec, limits)) {
           co_await write_plain_error(client, *error);
@@ -134,16 +138,12 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
         break;
       }
     }
-    client.expires_never();
+    read_deadline.expires_never();
 
     auto& request = parser.get();
-    RequestContext context{worker,
-                           snapshot,
-                           request,
-                           client,
-                           buffer,
-                           relay_buffer,
-                           request.keep_alive() && !gateway.draining()};
+    RequestContext context{
+        worker, snapshot,     request, client,
+        buffer, relay_buffer, watch,   request.keep_alive() && !gateway.draining()};
     context.request_id = request_id_for(request, worker);
     context.head_started = head_started;
     context.body_read = Clock::now();

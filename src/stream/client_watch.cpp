@@ -1,59 +1,76 @@
 #include "sluice/stream/client_watch.hpp"
 
-#include <boost/asio/as_tuple.hpp>
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
-#include <boost/asio/use_awaitable.hpp>
-
 namespace sluice::stream {
 
 namespace net = boost::asio;
 
-ClientWatch::ClientWatch(boost::beast::tcp_stream& client)
-    : client_(client), finished_signal_(client.get_executor()) {
-  finished_signal_.expires_at(net::steady_timer::time_point::max());
+ClientWatch::ClientWatch(net::ip::tcp::socket& client) : state_(std::make_shared<State>()) {
+  state_->socket = &client;
+}
+
+ClientWatch::~ClientWatch() {
+  state_->socket = nullptr;
+  state_->active = false;
 }
 
 void ClientWatch::start() {
-  running_ = true;
-  net::co_spawn(client_.get_executor(), run(), net::detached);
+  auto& state = *state_;
+  ++state.generation;
+  state.active = true;
+  state.client_gone = false;
+  state.targets = {};
+  // A wait of an earlier request that has not completed would report a
+  // readiness this request's wait must judge for itself; nothing else is
+  // pending on the socket between requests, so cancelling touches only it.
+  if (state.pending_waits > 0) {
+    error_code ignored;
+    state.socket->cancel(ignored);
+  }
+  ++state.pending_waits;
+  state.socket->async_wait(net::ip::tcp::socket::wait_read,
+                           [state = state_, generation = state.generation](error_code ec) {
+                             on_readable(state, generation, ec);
+                           });
 }
 
-net::awaitable<void> ClientWatch::run() {
-  auto [ec] = co_await client_.socket().async_wait(net::ip::tcp::socket::wait_read,
-                                                   net::as_tuple(net::use_awaitable));
+void ClientWatch::on_readable(const std::shared_ptr<State>& state, std::uint64_t generation,
+                              error_code ec) {
+  --state->pending_waits;
+  if (!state->socket || !state->active || generation != state->generation) return;
   // Readable with nothing to read is the end of the connection (or a reset);
   // readable with bytes is a pipelined request, left for the session.
   if (!ec) {
-    const std::size_t pending = client_.socket().available(ec);
+    const std::size_t pending = state->socket->available(ec);
     if (!ec && pending == 0) ec = net::error::eof;
   }
-  if (ec && !stopping_) {
-    client_gone_ = true;
-    for (auto* target : targets_) {
-      if (target) target->abort();
-    }
+  if (!ec) return;
+  state->client_gone = true;
+  for (auto* target : state->targets) {
+    if (target) target->abort();
   }
-  running_ = false;
-  finished_signal_.cancel();
 }
 
-net::awaitable<void> ClientWatch::stop() {
-  if (!running_) co_return;
-  stopping_ = true;
-  error_code ignored;
-  client_.socket().cancel(ignored);
-  while (running_) {
-    co_await finished_signal_.async_wait(net::as_tuple(net::use_awaitable));
+void ClientWatch::stop() {
+  auto& state = *state_;
+  state.active = false;
+  state.targets = {};
+  // Left pending, the wait would complete together with the session's read
+  // of the next request and, being first in line, push that read's
+  // completion to a later turn of the event loop: the next request would
+  // wait for it. Cancelled now, its completion runs while the connection is
+  // idle.
+  if (state.pending_waits > 0) {
+    error_code ignored;
+    state.socket->cancel(ignored);
   }
 }
 
 void ClientWatch::watch(upstream::AbortHandle* handle) {
-  if (client_gone_) {
+  if (state_->client_gone) {
     handle->abort();
     return;
   }
-  for (auto*& target : targets_) {
+  for (auto*& target : state_->targets) {
     if (!target) {
       target = handle;
       return;
@@ -62,7 +79,7 @@ void ClientWatch::watch(upstream::AbortHandle* handle) {
 }
 
 void ClientWatch::unwatch(upstream::AbortHandle* handle) {
-  for (auto*& target : targets_) {
+  for (auto*& target : state_->targets) {
     if (target == handle) target = nullptr;
   }
 }

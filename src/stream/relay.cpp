@@ -5,10 +5,10 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <boost/asio/write.hpp>
 #include <charconv>
 #include <span>
 
+#include "sluice/common/eager_write.hpp"
 #include "sluice/common/errors.hpp"
 #include "sluice/common/http_head.hpp"
 
@@ -124,7 +124,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     if (last && chunked) wire_.push_back(net::buffer(kLastChunk));
     if (wire_.empty()) co_return true;
     client_.expires_after(write_timeout_);
-    auto [ec, n] = co_await net::async_write(client_, wire_, as_tuple(use_awaitable));
+    auto [ec, n] = co_await write_eagerly(client_, &client_.socket(), wire_);
     if (head_pending) outcome.first_write = Clock::now();
     head_pending = false;
     outcome.nothing_sent = false;

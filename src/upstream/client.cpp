@@ -9,11 +9,12 @@
 #include <boost/asio/ssl/host_name_verification.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <boost/asio/write.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/http/read.hpp>
 
+#include "sluice/common/eager_write.hpp"
 #include "sluice/common/http_head.hpp"
+#include "sluice/common/http_read.hpp"
 
 namespace sluice::upstream {
 
@@ -25,18 +26,30 @@ using net::use_awaitable;
 
 const char* to_string(Failure failure) {
   switch (failure) {
-    case Failure::dns: return "dns";
-    case Failure::connect: return "connect";
-    case Failure::connect_timeout: return "connect_timeout";
-    case Failure::tls: return "tls";
-    case Failure::send: return "send";
-    case Failure::first_byte_timeout: return "first_byte_timeout";
-    case Failure::no_response: return "no_response";
-    case Failure::bad_response: return "bad_response";
-    case Failure::idle_timeout: return "idle_timeout";
-    case Failure::total_timeout: return "total_timeout";
-    case Failure::body_interrupted: return "body_interrupted";
-    case Failure::aborted: return "aborted";
+    case Failure::dns:
+      return "dns";
+    case Failure::connect:
+      return "connect";
+    case Failure::connect_timeout:
+      return "connect_timeout";
+    case Failure::tls:
+      return "tls";
+    case Failure::send:
+      return "send";
+    case Failure::first_byte_timeout:
+      return "first_byte_timeout";
+    case Failure::no_response:
+      return "no_response";
+    case Failure::bad_response:
+      return "bad_response";
+    case Failure::idle_timeout:
+      return "idle_timeout";
+    case Failure::total_timeout:
+      return "total_timeout";
+    case Failure::body_interrupted:
+      return "body_interrupted";
+    case Failure::aborted:
+      return "aborted";
   }
   return "unknown";
 }
@@ -75,6 +88,7 @@ Exchange::~Exchange() {
   if (reusable) {
     ++connection_->exchanges;
     connection_->tcp().expires_never();
+    if (connection_->plain_socket()) connection_->read_deadline().expires_never();
     pool_.give_back(std::move(connection_), Clock::now());
   } else {
     connection_->close();
@@ -113,24 +127,50 @@ UpstreamError Exchange::classify(const error_code& ec, bool expecting_head) cons
 }
 
 net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* data,
-                                                                      std::size_t capacity) {
+                                                                       std::size_t capacity) {
+  auto& buffered = connection_->read_buffer();
+  auto& body = parser_->get().body();
+  body.data = data;
+  body.size = capacity;
+  auto produced = [&] { return capacity - body.size; };
   while (!parser_->is_done()) {
-    auto now = Clock::now();
-    connection_->tcp().expires_at(std::min(now + limits_.idle, limits_.deadline));
-    auto& body = parser_->get().body();
-    body.data = data;
-    body.size = capacity;
-    auto [ec, unused] = co_await http::async_read_some(*connection_, connection_->read_buffer(),
-                                                        *parser_, as_tuple(use_awaitable));
+    if (buffered.size() > 0) {
+      // Bytes that came with the head (often the whole body) or with the
+      // last read are parsed here: an async read would find them too, but
+      // only after a trip through the event loop.
+      error_code ec;
+      const std::size_t used = parser_->put(buffered.data(), ec);
+      buffered.consume(used);
+      if (ec == http::error::need_buffer || ec == http::error::need_more) ec = {};
+      if (ec) {
+        failed_ = true;
+        co_return classify(ec, false);
+      }
+      // Pieces that arrived together (chunks, events) leave as one write.
+      if (used > 0 && buffered.size() > 0 && body.size > 0) continue;
+      if (produced() > 0 || parser_->is_done()) break;
+    }
+    const auto read_deadline = std::min(Clock::now() + limits_.idle, limits_.deadline);
+    error_code ec;
+    if (auto* socket = connection_->plain_socket()) {
+      connection_->read_deadline().expires_at(read_deadline);
+      ec = co_await read_more(*socket, buffered, *parser_, connection_->read_deadline());
+      if (!ec) continue;  // parsed at the top of the loop
+    } else {
+      connection_->tcp().expires_at(read_deadline);
+      auto [tls_ec, unused] =
+          co_await http::async_read_some(*connection_, buffered, *parser_, as_tuple(use_awaitable));
+      ec = tls_ec;
+    }
     if (ec == http::error::need_buffer) ec = {};
     if (ec) {
       failed_ = true;
       co_return classify(ec, false);
     }
-    std::size_t produced = capacity - body.size;
-    if (produced > 0) co_return produced;
+    if (produced() > 0) break;
   }
-  co_return std::size_t{0};
+  // 0 only once the body is complete: a last piece is returned first.
+  co_return produced();
 }
 
 net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::connect(
@@ -139,18 +179,18 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
   auto endpoints = co_await deps_.dns.resolve(origin.host, origin.port, connect_deadline);
   if (abort_handle.aborted()) co_return UpstreamError{Failure::aborted, {}};
   if (!endpoints) {
-    auto failure = endpoints.error() == net::error::timed_out ? Failure::connect_timeout
-                                                               : Failure::dns;
+    auto failure =
+        endpoints.error() == net::error::timed_out ? Failure::connect_timeout : Failure::dns;
     co_return UpstreamError{failure, endpoints.error()};
   }
 
   auto executor = co_await net::this_coro::executor;
   std::unique_ptr<Connection> connection;
   try {
-    connection = origin.tls ? std::make_unique<Connection>(
-                                  executor, origin.key(),
-                                  deps_.tls.get(origin.tls_verify, origin.ca_file))
-                            : std::make_unique<Connection>(executor, origin.key());
+    connection = origin.tls
+                     ? std::make_unique<Connection>(
+                           executor, origin.key(), deps_.tls.get(origin.tls_verify, origin.ca_file))
+                     : std::make_unique<Connection>(executor, origin.key());
   } catch (const std::exception&) {
     co_return UpstreamError{Failure::tls, {}};
   }
@@ -162,12 +202,14 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
   if (connect_ec) {
     abort_handle.connection_ = nullptr;
     if (abort_handle.aborted()) co_return UpstreamError{Failure::aborted, connect_ec};
-    auto failure = connect_ec == beast::error::timeout ? Failure::connect_timeout
-                                                       : Failure::connect;
+    auto failure =
+        connect_ec == beast::error::timeout ? Failure::connect_timeout : Failure::connect;
     co_return UpstreamError{failure, connect_ec};
   }
   error_code ignored;
   tcp.socket().set_option(net::ip::tcp::no_delay(true), ignored);
+  // Writes are tried directly before they are awaited (write_eagerly).
+  tcp.socket().non_blocking(true, ignored);
   timing.connected = Clock::now();
 
   if (auto* tls = connection->tls_stream()) {
@@ -175,8 +217,8 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
     net::ip::make_address(origin.host, not_ip);
     if (not_ip) SSL_set_tlsext_host_name(tls->native_handle(), origin.host.c_str());
     if (origin.tls_verify) tls->set_verify_callback(net::ssl::host_name_verification(origin.host));
-    auto [tls_ec] = co_await tls->async_handshake(net::ssl::stream_base::client,
-                                                  as_tuple(use_awaitable));
+    auto [tls_ec] =
+        co_await tls->async_handshake(net::ssl::stream_base::client, as_tuple(use_awaitable));
     if (tls_ec) {
       abort_handle.connection_ = nullptr;
       connection->close();
@@ -192,8 +234,7 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
 }
 
 net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
-    const Origin& origin, const Request& request, const Limits& limits,
-    AbortHandle& abort_handle) {
+    const Origin& origin, const Request& request, const Limits& limits, AbortHandle& abort_handle) {
   auto exchange = std::make_unique<Exchange>(deps_.pool, limits, abort_handle);
   exchange->timing_.started = Clock::now();
 
@@ -206,8 +247,9 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
       .raw_fields(request.extra_fields)
       .finish();
   std::array<net::const_buffer, 6> wire = {
-      net::buffer(exchange->head_text_), net::buffer(request.body[0]), net::buffer(request.body[1]),
-      net::buffer(request.body[2]),      net::buffer(request.body[3]), net::buffer(request.body[4])};
+      net::buffer(exchange->head_text_), net::buffer(request.body[0]),
+      net::buffer(request.body[1]),      net::buffer(request.body[2]),
+      net::buffer(request.body[3]),      net::buffer(request.body[4])};
 
   // The second round only happens when a pooled connection was dead.
   for (int round = 0; round < 2; ++round) {
@@ -227,8 +269,9 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
     exchange->failed_ = false;
 
     auto& conn = *exchange->connection_;
-    conn.tcp().expires_at(std::min(Clock::now() + limits.ttft, limits.deadline));
-    auto [write_ec, written] = co_await net::async_write(conn, wire, as_tuple(use_awaitable));
+    const auto head_deadline = std::min(Clock::now() + limits.ttft, limits.deadline);
+    conn.tcp().expires_at(head_deadline);
+    auto [write_ec, written] = co_await write_eagerly(conn, conn.plain_socket(), wire);
     timing.sent = Clock::now();
     if (write_ec) {
       exchange->failed_ = true;
@@ -243,8 +286,16 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
       co_return error;
     }
 
-    auto [read_ec, head_bytes] = co_await http::async_read_header(
-        conn, conn.read_buffer(), *exchange->parser_, as_tuple(use_awaitable));
+    error_code read_ec;
+    if (auto* socket = conn.plain_socket()) {
+      conn.read_deadline().expires_at(head_deadline);
+      read_ec = co_await read_http(*socket, conn.read_buffer(), *exchange->parser_, false,
+                                   conn.read_deadline());
+    } else {
+      auto [tls_ec, head_bytes] = co_await http::async_read_header(
+          conn, conn.read_buffer(), *exchange->parser_, as_tuple(use_awaitable));
+      read_ec = tls_ec;
+    }
     if (read_ec) {
       exchange->failed_ = true;
       auto error = exchange->classify(read_ec, true);
@@ -263,7 +314,7 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
 }
 
 net::awaitable<std::optional<UpstreamError>> Client::warm(const Origin& origin,
-                                                         const Limits& limits) {
+                                                          const Limits& limits) {
   AbortHandle abort_handle;
   Timing timing;
   auto opened = co_await connect(origin, limits, abort_handle, timing);

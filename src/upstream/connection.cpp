@@ -7,6 +7,7 @@ namespace sluice::upstream {
 Connection::Connection(executor_type executor, std::string origin_key)
     : origin_key_(std::move(origin_key)) {
   plain_.emplace(std::move(executor));
+  read_deadline_.emplace(plain_->socket());
 }
 
 Connection::Connection(executor_type executor, std::string origin_key,
@@ -29,12 +30,14 @@ bool Connection::peer_closed() {
   if (!socket.is_open()) return true;
   error_code ec;
   bool was_non_blocking = socket.non_blocking();
-  socket.non_blocking(true, ec);
+  if (!was_non_blocking) socket.non_blocking(true, ec);
   if (ec) return false;
   char byte;
   socket.receive(boost::asio::buffer(&byte, 1), boost::asio::socket_base::message_peek, ec);
-  error_code ignored;
-  socket.non_blocking(was_non_blocking, ignored);
+  if (!was_non_blocking) {
+    error_code ignored;
+    socket.non_blocking(false, ignored);
+  }
   return ec != boost::asio::error::would_block;
 }
 

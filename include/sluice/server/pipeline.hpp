@@ -17,6 +17,7 @@
 #include "sluice/metrics/gap_tracker.hpp"
 #include "sluice/metrics/trace_context.hpp"
 #include "sluice/server/gateway.hpp"
+#include "sluice/stream/client_watch.hpp"
 #include "sluice/stream/sse_scanner.hpp"
 
 namespace sluice::server {
@@ -31,6 +32,7 @@ struct RequestContext {
   boost::beast::tcp_stream& client;
   boost::beast::flat_buffer& client_buffer;  // may hold the next pipelined request
   std::vector<char>& relay_buffer;           // reused by every request on the connection
+  stream::ClientWatch& watch;                // the connection's, started for each proxied request
   bool keep_alive = true;
 
   std::string request_id{};
@@ -45,8 +47,8 @@ struct RequestContext {
   const config::Model* model = nullptr;
   bool stream = false;
   unsigned attempts = 0;
-  std::optional<std::uint64_t> usage_tokens;  // prompt + completion, as the upstream reported
-  std::optional<stream::Usage> usage;
+  std::optional<std::uint64_t> usage_tokens{};  // prompt + completion, as the upstream reported
+  std::optional<stream::Usage> usage{};
 
   // Observability: the access-log record the stages fill in, the trace, and
   // the time spent in sluice's own code (not waiting on upstream or client).
@@ -54,8 +56,8 @@ struct RequestContext {
   metrics::TraceContext trace{};
   metrics::GapTracker gaps{};
   std::chrono::nanoseconds gateway_time{0};
-  std::optional<std::chrono::nanoseconds> upstream_ttfb;
-  std::optional<std::chrono::nanoseconds> upstream_connect;
+  std::optional<std::chrono::nanoseconds> upstream_ttfb{};
+  std::optional<std::chrono::nanoseconds> upstream_connect{};
   bool timing_sent = false;
   bool client_gone = false;  // a Server-Timing header went out already
   const config::Deployment* answered = nullptr;

@@ -1,9 +1,8 @@
 #pragma once
 
 #include <array>
-#include <boost/asio/awaitable.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <memory>
 
 #include "sluice/upstream/client.hpp"
 
@@ -14,32 +13,44 @@ namespace sluice::stream {
 // once instead of at the next write. It reads nothing: bytes the client
 // pipelines meanwhile stay in the socket for the next request, and a held
 // stream keeps no read buffer for its watch.
+//
+// One watch serves every request of a connection. The wait is a plain
+// completion handler, not a coroutine, and nothing waits for it to finish:
+// a wait that completes after its request has ended finds a newer
+// generation (or none) and does nothing.
 class ClientWatch {
  public:
-  explicit ClientWatch(boost::beast::tcp_stream& client);
+  explicit ClientWatch(boost::asio::ip::tcp::socket& client);
+  // Detaches the pending wait, which may complete after the watch is gone.
+  ~ClientWatch();
   ClientWatch(const ClientWatch&) = delete;
   ClientWatch& operator=(const ClientWatch&) = delete;
 
+  // Watches for the current request; clears what the last one saw.
   void start();
-  // Cancels the pending wait and waits until it has finished; must be
-  // awaited before the watch is destroyed once started.
-  boost::asio::awaitable<void> stop();
+  // Ends the current request's watch (the response has been written):
+  // cancels the wait, whose completion then does nothing.
+  void stop();
 
   // Exchanges to abort when the client goes; at most two run at once (hedge).
   void watch(upstream::AbortHandle* handle);
   void unwatch(upstream::AbortHandle* handle);
 
-  bool client_gone() const { return client_gone_; }
+  bool client_gone() const { return state_->client_gone; }
 
  private:
-  boost::asio::awaitable<void> run();
+  struct State {
+    boost::asio::ip::tcp::socket* socket = nullptr;  // null once the watch is gone
+    std::uint64_t generation = 0;                    // one per start()
+    bool active = false;
+    bool client_gone = false;
+    unsigned pending_waits = 0;
+    std::array<upstream::AbortHandle*, 2> targets{};
+  };
+  static void on_readable(const std::shared_ptr<State>& state, std::uint64_t generation,
+                          error_code ec);
 
-  boost::beast::tcp_stream& client_;
-  boost::asio::steady_timer finished_signal_;
-  std::array<upstream::AbortHandle*, 2> targets_{};
-  bool running_ = false;
-  bool stopping_ = false;
-  bool client_gone_ = false;
+  std::shared_ptr<State> state_;
 };
 
 }  // namespace sluice::stream

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "sluice/common/clock.hpp"
+#include "sluice/common/socket_deadline.hpp"
 
 namespace sluice::upstream {
 
@@ -43,6 +44,11 @@ class Connection {
   boost::beast::ssl_stream<boost::beast::tcp_stream>* tls_stream() {
     return tls_ ? &*tls_ : nullptr;
   }
+  // The socket bytes go to as they are, or null for TLS.
+  boost::asio::ip::tcp::socket* plain_socket() { return plain_ ? &plain_->socket() : nullptr; }
+  // The deadline of reads made on plain_socket() directly (TLS reads go
+  // through the stream and its expiry).
+  SocketDeadline& read_deadline() { return *read_deadline_; }
   boost::beast::flat_buffer& read_buffer() { return read_buffer_; }
   const std::string& origin_key() const { return origin_key_; }
 
@@ -61,6 +67,7 @@ class Connection {
   std::string origin_key_;
   std::optional<boost::beast::tcp_stream> plain_;
   std::optional<boost::beast::ssl_stream<boost::beast::tcp_stream>> tls_;
+  std::optional<SocketDeadline> read_deadline_;
   boost::beast::flat_buffer read_buffer_;
 };
 

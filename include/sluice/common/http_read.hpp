@@ -1,0 +1,64 @@
+#pragma once
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/read_size.hpp>
+#include <boost/beast/http/error.hpp>
+
+#include "sluice/common/errors.hpp"
+#include "sluice/common/socket_deadline.hpp"
+
+namespace sluice {
+
+// Beast's HTTP reads, without their composed operations: these parse what
+// the buffer already holds with no trip through the event loop, read from
+// the socket only when the parser needs more, and take their deadline from a
+// SocketDeadline. Errors are Beast's (timeout, end_of_stream, the parser's).
+
+// Reads once from `socket` into `buffer`. The end of the stream completes a
+// message that ends with its connection, ends a started one with the
+// parser's error, and is end_of_stream before any byte.
+template <class Parser>
+boost::asio::awaitable<error_code> read_more(boost::asio::ip::tcp::socket& socket,
+                                             boost::beast::flat_buffer& buffer, Parser& parser,
+                                             const SocketDeadline& deadline) {
+  const std::size_t size = boost::beast::read_size(buffer, 65536);
+  if (size == 0) co_return boost::beast::http::error::buffer_overflow;
+  auto [ec, n] = co_await socket.async_read_some(buffer.prepare(size),
+                                                 boost::asio::as_tuple(boost::asio::use_awaitable));
+  ec = deadline.translate(ec);
+  if (ec == boost::asio::error::eof) {
+    if (!parser.got_some()) co_return boost::beast::http::error::end_of_stream;
+    error_code eof_ec;
+    parser.put_eof(eof_ec);
+    co_return eof_ec;
+  }
+  if (!ec) buffer.commit(n);
+  co_return ec;
+}
+
+// Reads until the parser has the head, or with `whole` the whole message.
+template <class Parser>
+boost::asio::awaitable<error_code> read_http(boost::asio::ip::tcp::socket& socket,
+                                             boost::beast::flat_buffer& buffer, Parser& parser,
+                                             bool whole, const SocketDeadline& deadline) {
+  auto finished = [&] { return whole ? parser.is_done() : parser.is_header_done(); };
+  for (;;) {
+    if (buffer.size() > 0) {
+      error_code ec;
+      const std::size_t used = parser.put(buffer.data(), ec);
+      buffer.consume(used);
+      if (ec && ec != boost::beast::http::error::need_more) co_return ec;
+      if (finished()) co_return error_code{};
+      if (!ec && used > 0 && buffer.size() > 0) continue;  // the head parsed, now the body
+    }
+    auto ec = co_await read_more(socket, buffer, parser, deadline);
+    if (ec) co_return ec;
+    if (finished()) co_return error_code{};
+  }
+}
+
+}  // namespace sluice
