@@ -1,0 +1,263 @@
+// SocketDeadline: a read pending past the deadline ends as a timeout; moving
+// the deadline later keeps it pending; no deadline lets it wait; destroying
+// the deadline with its timer armed is harmless. read_http parses what is
+// buffered without reading and maps the end of the stream as Beast does.
+#include "sluice/common/socket_deadline.hpp"
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/error.hpp>
+#include <boost/beast/http/buffer_body.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <optional>
+
+#include "sluice/common/http_read.hpp"
+
+namespace sluice::testing {
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using namespace std::chrono_literals;
+using net::ip::tcp;
+
+// A connected pair of sockets on 127.0.0.1.
+struct SocketPair {
+  net::io_context context;
+  tcp::socket ours{context};
+  tcp::socket theirs{context};
+
+  SocketPair() {
+    tcp::acceptor acceptor(context, {net::ip::make_address("127.0.0.1"), 0});
+    ours.connect(acceptor.local_endpoint());
+    theirs = acceptor.accept();
+  }
+
+  // Runs `task` to completion, or fails after `limit`.
+  void run(net::awaitable<void> task, std::chrono::milliseconds limit = 5s) {
+    bool done = false;
+    net::co_spawn(
+        context,
+        [&]() -> net::awaitable<void> {
+          co_await std::move(task);
+          done = true;
+          context.stop();  // timers still armed are not waited for
+        },
+        net::detached);
+    context.run_for(limit);
+    ASSERT_TRUE(done) << "did not finish within " << limit.count() << " ms";
+  }
+};
+
+net::awaitable<error_code> read_one(tcp::socket& socket, SocketDeadline& deadline) {
+  char byte;
+  auto [ec, n] =
+      co_await socket.async_read_some(net::buffer(&byte, 1), net::as_tuple(net::use_awaitable));
+  co_return deadline.translate(ec);
+}
+
+TEST(SocketDeadline, PendingReadEndsAsTimeoutOnceItPasses) {
+  SocketPair pair;
+  SocketDeadline deadline(pair.ours);
+  error_code result;
+  auto started = Clock::now();
+  TimePoint ended;
+  pair.run([&]() -> net::awaitable<void> {
+    deadline.expires_after(50ms);
+    result = co_await read_one(pair.ours, deadline);
+    ended = Clock::now();
+  }());
+  EXPECT_EQ(result, beast::error::timeout);
+  EXPECT_TRUE(deadline.expired());
+  EXPECT_GE(ended - started, 50ms);
+  EXPECT_LT(ended - started, 2s);
+}
+
+TEST(SocketDeadline, MovedLaterTheReadOutlivesTheFirstDeadline) {
+  SocketPair pair;
+  SocketDeadline deadline(pair.ours);
+  net::steady_timer writer(pair.context);
+  error_code result;
+  pair.run([&]() -> net::awaitable<void> {
+    deadline.expires_after(30ms);   // armed for 30 ms...
+    deadline.expires_after(300ms);  // ...then moved: the timer fires early and waits again
+    writer.expires_after(100ms);
+    writer.async_wait([&](error_code) { net::write(pair.theirs, net::buffer("x", 1)); });
+    result = co_await read_one(pair.ours, deadline);
+  }());
+  EXPECT_FALSE(result) << result.message();
+  EXPECT_FALSE(deadline.expired());
+}
+
+TEST(SocketDeadline, MovedSoonerItFiresAtTheNewTime) {
+  SocketPair pair;
+  SocketDeadline deadline(pair.ours);
+  error_code result;
+  auto started = Clock::now();
+  TimePoint ended;
+  pair.run([&]() -> net::awaitable<void> {
+    deadline.expires_after(10s);
+    deadline.expires_after(40ms);
+    result = co_await read_one(pair.ours, deadline);
+    ended = Clock::now();
+  }());
+  EXPECT_EQ(result, beast::error::timeout);
+  EXPECT_LT(ended - started, 2s);
+}
+
+TEST(SocketDeadline, NoDeadlineLetsTheReadWait) {
+  SocketPair pair;
+  SocketDeadline deadline(pair.ours);
+  net::steady_timer writer(pair.context);
+  error_code result;
+  pair.run([&]() -> net::awaitable<void> {
+    deadline.expires_after(20ms);
+    deadline.expires_never();  // the armed timer fires, finds no deadline, stops
+    writer.expires_after(150ms);
+    writer.async_wait([&](error_code) { net::write(pair.theirs, net::buffer("x", 1)); });
+    result = co_await read_one(pair.ours, deadline);
+  }());
+  EXPECT_FALSE(result) << result.message();
+}
+
+TEST(SocketDeadline, DestroyedWhileArmedDoesNothingLater) {
+  SocketPair pair;
+  {
+    SocketDeadline deadline(pair.ours);
+    deadline.expires_after(20ms);
+  }
+  net::steady_timer writer(pair.context);
+  error_code result;
+  pair.run([&]() -> net::awaitable<void> {
+    writer.expires_after(100ms);
+    writer.async_wait([&](error_code) { net::write(pair.theirs, net::buffer("x", 1)); });
+    char byte;
+    auto [ec, n] = co_await pair.ours.async_read_some(net::buffer(&byte, 1),
+                                                      net::as_tuple(net::use_awaitable));
+    result = ec;
+  }());
+  EXPECT_FALSE(result) << result.message();
+}
+
+TEST(ReadHttp, BufferedRequestIsParsedWithoutReading) {
+  SocketPair pair;
+  SocketDeadline deadline(pair.ours);
+  beast::flat_buffer buffer;
+  const std::string_view two =
+      "POST /a HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi"
+      "POST /b HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc";
+  net::buffer_copy(buffer.prepare(two.size()), net::buffer(two));
+  buffer.commit(two.size());
+  http::request_parser<http::string_body> first, second;
+  error_code first_ec, second_ec;
+  // Nothing is ever written to the socket: a read would not finish.
+  pair.run([&]() -> net::awaitable<void> {
+    deadline.expires_after(2s);
+    first_ec = co_await read_http(pair.ours, buffer, first, true, deadline);
+    second_ec = co_await read_http(pair.ours, buffer, second, true, deadline);
+  }());
+  EXPECT_FALSE(first_ec) << first_ec.message();
+  EXPECT_FALSE(second_ec) << second_ec.message();
+  EXPECT_EQ(first.get().target(), "/a");
+  EXPECT_EQ(first.get().body(), "hi");
+  EXPECT_EQ(second.get().target(), "/b");
+  EXPECT_EQ(second.get().body(), "abc");
+  EXPECT_EQ(buffer.size(), 0u);
+}
+
+TEST(ReadHttp, HeadThenBodyFromTheSocketInPieces) {
+  SocketPair pair;
+  SocketDeadline deadline(pair.ours);
+  beast::flat_buffer buffer;
+  http::request_parser<http::string_body> parser;
+  net::steady_timer writer(pair.context);
+  error_code head_ec, body_ec;
+  bool head_done_before_body = false;
+  pair.run([&]() -> net::awaitable<void> {
+    net::write(pair.theirs, net::buffer(std::string_view("POST /x HTTP/1.1\r\nContent-Len")));
+    writer.expires_after(20ms);
+    writer.async_wait([&](error_code) {
+      net::write(pair.theirs, net::buffer(std::string_view("gth: 5\r\n\r\nab")));
+      writer.expires_after(20ms);
+      writer.async_wait(
+          [&](error_code) { net::write(pair.theirs, net::buffer(std::string_view("cde"))); });
+    });
+    deadline.expires_after(2s);
+    head_ec = co_await read_http(pair.ours, buffer, parser, false, deadline);
+    head_done_before_body = parser.is_header_done() && !parser.is_done();
+    body_ec = co_await read_http(pair.ours, buffer, parser, true, deadline);
+  }());
+  EXPECT_FALSE(head_ec) << head_ec.message();
+  EXPECT_TRUE(head_done_before_body);
+  EXPECT_FALSE(body_ec) << body_ec.message();
+  EXPECT_EQ(parser.get().body(), "abcde");
+}
+
+TEST(ReadHttp, EndOfStreamBeforeAnyByteAndInsideAMessage) {
+  {
+    SocketPair pair;
+    SocketDeadline deadline(pair.ours);
+    beast::flat_buffer buffer;
+    http::request_parser<http::string_body> parser;
+    pair.theirs.close();
+    error_code ec;
+    pair.run([&]() -> net::awaitable<void> {
+      ec = co_await read_http(pair.ours, buffer, parser, false, deadline);
+    }());
+    EXPECT_EQ(ec, http::error::end_of_stream);
+  }
+  {
+    SocketPair pair;
+    SocketDeadline deadline(pair.ours);
+    beast::flat_buffer buffer;
+    http::request_parser<http::string_body> parser;
+    net::write(pair.theirs, net::buffer(std::string_view("POST /x HTTP/1.1\r\nContent-Le")));
+    pair.theirs.close();
+    error_code ec;
+    pair.run([&]() -> net::awaitable<void> {
+      ec = co_await read_http(pair.ours, buffer, parser, false, deadline);
+    }());
+    EXPECT_EQ(ec, http::error::partial_message);
+  }
+}
+
+TEST(ReadHttp, ResponseEndedByItsConnectionIsComplete) {
+  SocketPair pair;
+  SocketDeadline deadline(pair.ours);
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  net::write(pair.theirs, net::buffer(std::string_view("HTTP/1.1 200 OK\r\n\r\nall of it")));
+  pair.theirs.shutdown(tcp::socket::shutdown_send);
+  error_code ec;
+  pair.run([&]() -> net::awaitable<void> {
+    deadline.expires_after(2s);
+    ec = co_await read_http(pair.ours, buffer, parser, true, deadline);
+  }());
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_TRUE(parser.is_done());
+  EXPECT_EQ(parser.get().body(), "all of it");
+}
+
+TEST(ReadHttp, SilentPeerTimesOut) {
+  SocketPair pair;
+  SocketDeadline deadline(pair.ours);
+  beast::flat_buffer buffer;
+  http::request_parser<http::string_body> parser;
+  error_code ec;
+  pair.run([&]() -> net::awaitable<void> {
+    deadline.expires_after(40ms);
+    ec = co_await read_http(pair.ours, buffer, parser, false, deadline);
+  }());
+  EXPECT_EQ(ec, beast::error::timeout);
+}
+
+}  // namespace
+}  // namespace sluice::testing
