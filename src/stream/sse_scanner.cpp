@@ -28,19 +28,37 @@ std::string_view trim_json_space(std::string_view text) {
   return text;
 }
 
+// Every byte of a stream passes through here, so it is two vectorised
+// scans (glibc's memchr) rather than a loop testing each byte twice: the
+// first '\n', then any '\r' before it (rare: most streams end lines with
+// '\n' alone).
 std::size_t find_line_end(std::string_view text, std::size_t from) {
-  for (std::size_t i = from; i < text.size(); ++i) {
-    if (is_line_end(text[i])) return i;
+  const char* begin = text.data() + from;
+  const std::size_t length = text.size() - from;
+  const auto* newline = static_cast<const char*>(std::memchr(begin, '\n', length));
+  const std::size_t searched = newline ? static_cast<std::size_t>(newline - begin) : length;
+  if (const auto* cr = static_cast<const char*>(std::memchr(begin, '\r', searched))) {
+    return from + static_cast<std::size_t>(cr - begin);
   }
-  return text.size();
+  return from + searched;
+}
+
+// std::string_view::find looks for the needle's first byte with memchr and
+// compares from there; for a quoted key that stops at every quote of a JSON
+// payload. glibc's memmem skips ahead by a shift table instead.
+std::size_t find_bytes(std::string_view text, std::string_view needle, std::size_t from = 0) {
+  if (from >= text.size()) return std::string_view::npos;
+  const void* hit = ::memmem(text.data() + from, text.size() - from, needle.data(), needle.size());
+  return hit ? static_cast<std::size_t>(static_cast<const char*>(hit) - text.data())
+             : std::string_view::npos;
 }
 
 // Whether `quoted_key` occurs followed by a colon and an object. A quoted key
 // cannot occur inside a JSON string (its quotes would be escaped), so a hit is
 // a real key somewhere in the document, or invalid JSON that fails to parse.
 bool has_object_valued_key(std::string_view text, std::string_view quoted_key) {
-  for (auto at = text.find(quoted_key); at != std::string_view::npos;
-       at = text.find(quoted_key, at + 1)) {
+  for (auto at = find_bytes(text, quoted_key); at != std::string_view::npos;
+       at = find_bytes(text, quoted_key, at + 1)) {
     std::size_t i = at + quoted_key.size();
     while (i < text.size() && is_json_space(text[i])) ++i;
     if (i == text.size() || text[i] != ':') continue;
@@ -462,7 +480,7 @@ bool SseScanner::inspect(std::string_view payload, bool want_usage_only) {
     return false;
   }
   const bool may_have_usage = has_object_valued_key(text, "\"usage\"");
-  const bool may_have_error = text.find("\"error\"") != std::string_view::npos;
+  const bool may_have_error = find_bytes(text, "\"error\"") != std::string_view::npos;
   if (!may_have_usage && !may_have_error) return false;
   const auto doc = json::parse(text.begin(), text.end(), nullptr, false);
   if (!doc.is_object()) return false;

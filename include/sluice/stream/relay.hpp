@@ -64,7 +64,7 @@ class Relay {
   // The read buffer starts at kFirstReadSize and grows (up to kLargestRead)
   // when reads keep filling it: streams keep a small buffer, bulk bodies get
   // fewer, larger reads.
-  static constexpr std::size_t kFirstReadSize = 4 * 1024;
+  static constexpr std::size_t kFirstReadSize = 1024;  // a few events of a stream
   static constexpr std::size_t kLargestRead = 16 * 1024;
 
   Relay(boost::beast::tcp_stream& client, std::vector<char>& buffer,
