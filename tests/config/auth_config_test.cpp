@@ -9,6 +9,7 @@
 
 #include "sluice/auth/key_store.hpp"
 #include "sluice/config/config.hpp"
+#include "support/config_loading.hpp"
 
 namespace sluice::config {
 namespace {
@@ -18,44 +19,9 @@ using testing::HasSubstr;
 using testing::Not;
 using testing::StartsWith;
 
-EnvLookup fake_env(std::map<std::string, std::string> variables) {
-  return [variables = std::move(variables)](const std::string& name) -> std::optional<std::string> {
-    auto it = variables.find(name);
-    if (it == variables.end()) return std::nullopt;
-    return it->second;
-  };
-}
-
-const EnvLookup kNoEnv = fake_env({});
-
-// Appended after the auth section of every document below.
-const std::string kOneModel =
-    "models:\n"
-    "  - name: m\n"
-    "    deployments:\n"
-    "      - base_url: http://127.0.0.1:8000\n";
-
 // printf %s team-b-secret-key | sha256sum
 const std::string kTeamBDigestHex =
     "ee612764d423b3100701813d8aac3dbdbe1e78e1a47270b83df6d8cacc23d47c";
-
-std::string load_error(const std::string& yaml, const EnvLookup& env = kNoEnv) {
-  try {
-    load_string(yaml, env);
-  } catch (const ConfigError& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "expected a ConfigError for:\n" << yaml;
-  return {};
-}
-
-void expect_error(const std::string& yaml, const std::string& path, int line,
-                  const std::string& fragment, const EnvLookup& env = kNoEnv) {
-  std::string message = load_error(yaml, env);
-  EXPECT_THAT(message, StartsWith(path + ": ")) << yaml;
-  EXPECT_THAT(message, EndsWith("(line " + std::to_string(line) + ")")) << yaml;
-  EXPECT_THAT(message, HasSubstr(fragment)) << yaml;
-}
 
 std::string require_error(const Config& config) {
   try {
@@ -65,10 +31,6 @@ std::string require_error(const Config& config) {
   }
   ADD_FAILURE() << "expected require_auth_or_explicit_opt_out to refuse";
   return {};
-}
-
-std::filesystem::path repository_root() {
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
 }
 
 // ---------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "sluice/config/config.hpp"
+#include "support/config_loading.hpp"
 
 namespace sluice::config {
 namespace {
@@ -12,10 +13,6 @@ using namespace std::chrono_literals;
 using testing::EndsWith;
 using testing::HasSubstr;
 using testing::StartsWith;
-
-const EnvLookup kNoEnv = [](const std::string&) -> std::optional<std::string> {
-  return std::nullopt;
-};
 
 std::string with_cache(const std::string& cache_lines) {
   return "models:\n"
@@ -26,19 +23,6 @@ std::string with_cache(const std::string& cache_lines) {
          "  - name: embed\n"
          "    deployments:\n"
          "      - base_url: http://127.0.0.1:8000\n";
-}
-
-void expect_error(const std::string& yaml, const std::string& path, int line,
-                  const std::string& fragment) {
-  try {
-    load_string(yaml, kNoEnv);
-    ADD_FAILURE() << "expected a ConfigError for:\n" << yaml;
-  } catch (const ConfigError& error) {
-    std::string message = error.what();
-    EXPECT_THAT(message, StartsWith(path + ": ")) << yaml;
-    EXPECT_THAT(message, EndsWith("(line " + std::to_string(line) + ")")) << message;
-    EXPECT_THAT(message, HasSubstr(fragment)) << message;
-  }
 }
 
 TEST(CacheConfig, OffByDefaultWithDocumentedDefaults) {

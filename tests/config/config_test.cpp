@@ -2,6 +2,7 @@
 // YAML path and line, since those are what make a start-up failure fixable.
 
 #include "sluice/config/config.hpp"
+#include "support/config_loading.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -22,43 +23,6 @@ using std::chrono::milliseconds;
 using testing::EndsWith;
 using testing::HasSubstr;
 using testing::StartsWith;
-
-EnvLookup fake_env(std::map<std::string, std::string> variables) {
-  return [variables = std::move(variables)](const std::string& name) -> std::optional<std::string> {
-    auto it = variables.find(name);
-    if (it == variables.end()) return std::nullopt;
-    return it->second;
-  };
-}
-
-const EnvLookup kNoEnv = fake_env({});
-
-// A valid models section to append after whatever a test is about.
-const std::string kOneModel =
-    "models:\n"
-    "  - name: m\n"
-    "    deployments:\n"
-    "      - base_url: http://127.0.0.1:8000\n";
-
-std::string load_error(const std::string& yaml, const EnvLookup& env = kNoEnv) {
-  try {
-    load_string(yaml, env);
-  } catch (const ConfigError& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "expected a ConfigError for:\n" << yaml;
-  return {};
-}
-
-// Asserts the message has the "<path>: <what> (line N)" shape and mentions
-// `fragment`.
-void expect_error(const std::string& yaml, const std::string& path, int line,
-                  const std::string& fragment, const EnvLookup& env = kNoEnv) {
-  std::string message = load_error(yaml, env);
-  EXPECT_THAT(message, StartsWith(path + ": ")) << yaml;
-  EXPECT_THAT(message, EndsWith("(line " + std::to_string(line) + ")")) << yaml;
-  EXPECT_THAT(message, HasSubstr(fragment)) << yaml;
-}
 
 unsigned expected_default_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
 
@@ -534,7 +498,8 @@ TEST(ConfigErrors, UnknownKeyInNestedSections) {
   expect_error("router:\n  hedge: {after: off, at: 1s}\n" + kOneModel, "router.hedge.at", 2,
                "allowed: after");
   expect_error("upstream:\n  pool: 3\n" + kOneModel, "upstream.pool", 2, "unknown key 'pool'");
-  expect_error("log:\n  colour: json\n" + kOneModel, "log.colour", 2, "allowed: level, format, access_log");
+  expect_error("log:\n  colour: json\n" + kOneModel, "log.colour", 2,
+               "allowed: level, format, access_log");
 }
 
 TEST(ConfigErrors, UnknownKeyInModelAndDeployment) {

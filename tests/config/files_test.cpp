@@ -7,24 +7,12 @@
 #include <map>
 
 #include "sluice/config/config.hpp"
+#include "support/config_loading.hpp"
 
 namespace sluice::config {
 namespace {
 
 using std::chrono::milliseconds;
-
-// tests/config/<this file> -> repository root.
-std::filesystem::path repository_root() {
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
-}
-
-EnvLookup fake_env(std::map<std::string, std::string> variables) {
-  return [variables = std::move(variables)](const std::string& name) -> std::optional<std::string> {
-    auto it = variables.find(name);
-    if (it == variables.end()) return std::nullopt;
-    return it->second;
-  };
-}
 
 TEST(ShippedConfigs, DemoLoadsWithoutAnyEnvironment) {
   ConfigPtr config = load_file((repository_root() / "config" / "demo.yaml").string(), fake_env({}));

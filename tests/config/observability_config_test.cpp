@@ -3,6 +3,7 @@
 // a start-up failure fixable.
 
 #include "sluice/config/config.hpp"
+#include "support/config_loading.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -16,43 +17,6 @@ using std::chrono::milliseconds;
 using testing::EndsWith;
 using testing::HasSubstr;
 using testing::StartsWith;
-
-EnvLookup fake_env(std::map<std::string, std::string> variables) {
-  return [variables = std::move(variables)](const std::string& name) -> std::optional<std::string> {
-    auto it = variables.find(name);
-    if (it == variables.end()) return std::nullopt;
-    return it->second;
-  };
-}
-
-const EnvLookup kNoEnv = fake_env({});
-
-// A valid models section to append after whatever a test is about.
-const std::string kOneModel =
-    "models:\n"
-    "  - name: m\n"
-    "    deployments:\n"
-    "      - base_url: http://127.0.0.1:8000\n";
-
-std::string load_error(const std::string& yaml, const EnvLookup& env = kNoEnv) {
-  try {
-    load_string(yaml, env);
-  } catch (const ConfigError& error) {
-    return error.what();
-  }
-  ADD_FAILURE() << "expected a ConfigError for:\n" << yaml;
-  return {};
-}
-
-// Asserts the message has the "<path>: <what> (line N)" shape and mentions
-// `fragment`.
-void expect_error(const std::string& yaml, const std::string& path, int line,
-                  const std::string& fragment, const EnvLookup& env = kNoEnv) {
-  std::string message = load_error(yaml, env);
-  EXPECT_THAT(message, StartsWith(path + ": ")) << yaml;
-  EXPECT_THAT(message, EndsWith("(line " + std::to_string(line) + ")")) << yaml;
-  EXPECT_THAT(message, HasSubstr(fragment)) << yaml;
-}
 
 // ---------------------------------------------------------------------------
 // Successful loads
