@@ -41,6 +41,11 @@ GatewayMetrics::GatewayMetrics(Registry& registry, GatewayMetricsSources sources
           "sluice_hedges_total",
           "Hedged attempts fired, and those that answered first (won), by public model.",
           {"model", "outcome"})),
+      cache_lookups_(registry.counter(
+          "sluice_cache_lookups_total",
+          "Response cache lookups of models with a cache, by public model and result (hit, "
+          "semantic_hit, miss); requests the cache does not apply to are not counted.",
+          {"model", "result"})),
       tokens_(registry.counter(
           "sluice_tokens_total",
           "Tokens as reported by the upstream, by public model, client key and kind.",
@@ -102,6 +107,9 @@ ModelMetrics GatewayMetrics::model(std::string_view model) {
   handles.fallbacks = fallbacks_.with({model});
   handles.hedges_fired = hedges_.with({model, "fired"});
   handles.hedges_won = hedges_.with({model, "won"});
+  handles.cache_hits = cache_lookups_.with({model, "hit"});
+  handles.cache_semantic_hits = cache_lookups_.with({model, "semantic_hit"});
+  handles.cache_misses = cache_lookups_.with({model, "miss"});
   return handles;
 }
 

@@ -661,6 +661,13 @@ void account(RequestContext& context, bool client_gone) {
       fallbacks = from_fallback;
     }
     if (fallbacks) model_metrics.fallbacks.add(shard);
+    if (record.cache == "hit") {
+      model_metrics.cache_hits.add(shard);
+    } else if (record.cache == "semantic_hit") {
+      model_metrics.cache_semantic_hits.add(shard);
+    } else if (record.cache == "miss") {
+      model_metrics.cache_misses.add(shard);
+    }
     for (const auto& tag : record.tags) {
       if (tag == "hedge:won") model_metrics.hedges_won.add(shard);
     }

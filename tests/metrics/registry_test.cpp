@@ -594,6 +594,8 @@ TEST(GatewayMetricsExposition, EveryFamilyIsPresentAndValid) {
   model.fallbacks.add(0);
   model.hedges_fired.add(0);
   model.hedges_won.add(1);
+  model.cache_hits.add(0);
+  model.cache_misses.add(1);
   const DeploymentMetrics deployment = metrics.deployment("gpt-4o", "openai-1");
   deployment.ttft.observe(1, 0.3);
   deployment.upstream_connect.observe(1, 0.004);
@@ -625,6 +627,7 @@ TEST(GatewayMetricsExposition, EveryFamilyIsPresentAndValid) {
       {"sluice_retries_total", "counter"},
       {"sluice_fallbacks_total", "counter"},
       {"sluice_hedges_total", "counter"},
+      {"sluice_cache_lookups_total", "counter"},
       {"sluice_deployment_cooldown", "gauge"},
       {"sluice_tokens_total", "counter"},
       {"sluice_budget_exceeded_total", "counter"},
@@ -645,6 +648,13 @@ TEST(GatewayMetricsExposition, EveryFamilyIsPresentAndValid) {
                          {{"model", "nope"}, {"deployment", ""}, {"status", "404"}}),
             1);
   EXPECT_EQ(parsed.value("sluice_hedges_total", {{"model", "gpt-4o"}, {"outcome", "won"}}), 1);
+  EXPECT_EQ(parsed.value("sluice_cache_lookups_total", {{"model", "gpt-4o"}, {"result", "hit"}}),
+            1);
+  EXPECT_EQ(parsed.value("sluice_cache_lookups_total", {{"model", "gpt-4o"}, {"result", "miss"}}),
+            1);
+  EXPECT_EQ(
+      parsed.value("sluice_cache_lookups_total", {{"model", "gpt-4o"}, {"result", "semantic_hit"}}),
+      0);
   EXPECT_EQ(
       parsed.value("sluice_ttft_seconds_count", {{"model", "gpt-4o"}, {"deployment", "openai-1"}}),
       1);

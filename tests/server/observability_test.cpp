@@ -51,14 +51,14 @@ TEST(Observability, MetricsCountExactlyTheRequestsMade) {
   const std::string series = R"(sluice_requests_total{model="chat",deployment="d1",status="200"})";
   auto before = scrape(gateway);
   for (int i = 0; i < 3; ++i) {
-    ASSERT_EQ(http_request(gateway.port(), "POST", "/v1/chat/completions",
-                           chat_body("chat", i % 2 == 0))
-                  .status,
-              200u);
+    ASSERT_EQ(
+        http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", i % 2 == 0))
+            .status,
+        200u);
   }
-  ASSERT_EQ(http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("nope", false))
-                .status,
-            404u);
+  ASSERT_EQ(
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("nope", false)).status,
+      404u);
   auto after = eventually([&] { return scrape(gateway)[series] - before[series] == 3; }, 1s);
   EXPECT_TRUE(after);
   auto samples = scrape(gateway);
@@ -74,6 +74,33 @@ TEST(Observability, MetricsCountExactlyTheRequestsMade) {
   EXPECT_EQ(samples["sluice_requests_in_flight"], 0);
 }
 
+TEST(Observability, CacheLookupsAreCountedByResult) {
+  auto upstream = start_mock();
+  TestGateway gateway("models:\n  - name: chat\n    cache: {mode: exact}\n    deployments:\n" +
+                      deployment_yaml("d1", upstream->base_url()));
+  const std::string body =
+      R"({"model":"chat","temperature":0,"messages":[{"role":"user","content":"Hi"}]})";
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(http_request(gateway.port(), "POST", "/v1/chat/completions", body).status, 200u);
+  }
+  // Not cacheable (no zero temperature): not a lookup at all.
+  ASSERT_EQ(
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false)).status,
+      200u);
+  const std::string hits = R"(sluice_cache_lookups_total{model="chat",result="hit"})";
+  const std::string misses = R"(sluice_cache_lookups_total{model="chat",result="miss"})";
+  std::map<std::string, double> samples;
+  EXPECT_TRUE(eventually(
+      [&] {
+        samples = scrape(gateway);
+        return samples[hits] == 2 && samples[misses] == 1;
+      },
+      1s))
+      << "hits " << samples[hits] << ", misses " << samples[misses];
+  EXPECT_EQ(samples[R"(sluice_cache_lookups_total{model="chat",result="semantic_hit"})"], 0);
+  EXPECT_EQ(upstream->stats().requests, 2u);
+}
+
 TEST(Observability, RequestOverItsBudgetIsCounted) {
   mock::Behaviour behaviour;
   behaviour.ttft = 60ms;
@@ -87,10 +114,12 @@ TEST(Observability, RequestOverItsBudgetIsCounted) {
   ASSERT_EQ(client.request("POST", "/v1/chat/completions", chat_body("chat", false)).status, 200u);
   ASSERT_EQ(client.request("POST", "/v1/chat/completions", chat_body("chat", false)).status, 200u);
   std::map<std::string, double> samples;
-  EXPECT_TRUE(eventually([&] {
-    samples = scrape(gateway);
-    return samples[R"(sluice_budget_exceeded_total{stage="upstream_ttfb"})"] == 2;
-  }, 1s));
+  EXPECT_TRUE(eventually(
+      [&] {
+        samples = scrape(gateway);
+        return samples[R"(sluice_budget_exceeded_total{stage="upstream_ttfb"})"] == 2;
+      },
+      1s));
   EXPECT_EQ(samples[R"(sluice_budget_exceeded_total{stage="gateway"})"], 0);
   // One upstream connection served both requests.
   EXPECT_EQ(samples["sluice_upstream_connections_opened_total"], 1);
@@ -128,16 +157,17 @@ TEST(Observability, RoutesViewShowsACooledDownDeployment) {
 
 TEST(Observability, AdminKeyProtectsTheAdminListener) {
   auto upstream = start_mock();
-  TestGateway gateway("server:\n  listen: 127.0.0.1:0\n  admin_listen: 127.0.0.1:0\n"
-                      "  admin_key: admin-secret-1\nmodels:\n  - name: chat\n    deployments:\n" +
-                      deployment_yaml("d1", upstream->base_url()));
+  TestGateway gateway(
+      "server:\n  listen: 127.0.0.1:0\n  admin_listen: 127.0.0.1:0\n"
+      "  admin_key: admin-secret-1\nmodels:\n  - name: chat\n    deployments:\n" +
+      deployment_yaml("d1", upstream->base_url()));
   auto port = gateway.gateway().admin_port();
   EXPECT_EQ(http_request(port, "GET", "/metrics").status, 401u);
   EXPECT_EQ(http_request(port, "GET", "/metrics", "", {{"Authorization", "Bearer wrong"}}).status,
             401u);
-  EXPECT_EQ(
-      http_request(port, "GET", "/metrics", "", {{"Authorization", "Bearer admin-secret-1"}}).status,
-      200u);
+  EXPECT_EQ(http_request(port, "GET", "/metrics", "", {{"Authorization", "Bearer admin-secret-1"}})
+                .status,
+            200u);
 }
 
 TEST(Observability, ServerTimingOnEveryResponse) {
@@ -166,14 +196,14 @@ TEST(Observability, AccessLogLinesForStreamedAndFailedOverRequests) {
   auto broken = start_mock(failing);
   auto healthy = start_mock();
   TempFile log_file("", ".log");
-  TestGateway gateway("server:\n  listen: 127.0.0.1:0\n  threads: 2\nlog:\n  access_log: " +
-                      log_file.path() +
-                      "\nmodels:\n  - name: chat\n    strategy: priority\n    deployments:\n" +
-                      deployment_yaml("broken", broken->base_url()) +
-                      deployment_yaml("healthy", healthy->base_url()));
-  auto response = http_request(
-      gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true),
-      {{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}});
+  TestGateway gateway(
+      "server:\n  listen: 127.0.0.1:0\n  threads: 2\nlog:\n  access_log: " + log_file.path() +
+      "\nmodels:\n  - name: chat\n    strategy: priority\n    deployments:\n" +
+      deployment_yaml("broken", broken->base_url()) +
+      deployment_yaml("healthy", healthy->base_url()));
+  auto response =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true),
+                   {{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}});
   ASSERT_EQ(response.status, 200u);
 
   // The trace goes upstream under the same trace id, as a new hop.
@@ -182,10 +212,12 @@ TEST(Observability, AccessLogLinesForStreamedAndFailedOverRequests) {
   EXPECT_NE(forwarded, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
 
   std::string line;
-  ASSERT_TRUE(eventually([&] {
-    std::ifstream in(log_file.path());
-    return static_cast<bool>(std::getline(in, line)) && !line.empty();
-  }, 3s));
+  ASSERT_TRUE(eventually(
+      [&] {
+        std::ifstream in(log_file.path());
+        return static_cast<bool>(std::getline(in, line)) && !line.empty();
+      },
+      3s));
   auto record = json::parse(line);
   EXPECT_EQ(record["request_id"], response.header("x-request-id"));
   EXPECT_EQ(record["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");

@@ -35,12 +35,15 @@ struct GatewayMetricsSources {
 
 // Series labelled by a public model name.
 struct ModelMetrics {
-  HistogramHandle request_duration;  // sluice_request_duration_seconds
-  HistogramHandle inter_token_gap;   // sluice_inter_token_gap_seconds
-  CounterHandle retries;             // sluice_retries_total
-  CounterHandle fallbacks;           // sluice_fallbacks_total
-  CounterHandle hedges_fired;        // sluice_hedges_total{outcome="fired"}
-  CounterHandle hedges_won;          // sluice_hedges_total{outcome="won"}
+  HistogramHandle request_duration;   // sluice_request_duration_seconds
+  HistogramHandle inter_token_gap;    // sluice_inter_token_gap_seconds
+  CounterHandle retries;              // sluice_retries_total
+  CounterHandle fallbacks;            // sluice_fallbacks_total
+  CounterHandle hedges_fired;         // sluice_hedges_total{outcome="fired"}
+  CounterHandle hedges_won;           // sluice_hedges_total{outcome="won"}
+  CounterHandle cache_hits;           // sluice_cache_lookups_total{result="hit"}
+  CounterHandle cache_semantic_hits;  // sluice_cache_lookups_total{result="semantic_hit"}
+  CounterHandle cache_misses;         // sluice_cache_lookups_total{result="miss"}
 };
 
 // Series labelled by a deployment. The model label of ttft is the model the
@@ -92,6 +95,7 @@ class GatewayMetrics {
   CounterFamily& retries_;
   CounterFamily& fallbacks_;
   CounterFamily& hedges_;
+  CounterFamily& cache_lookups_;
   CounterFamily& tokens_;
   CounterFamily& budget_exceeded_;
   std::array<CounterHandle, kBudgetStages.size()> budget_exceeded_by_stage_;
