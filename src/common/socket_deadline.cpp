@@ -16,12 +16,11 @@ void SocketDeadline::expires_at(TimePoint when) {
   state.deadline = when;
   state.expired = false;
   if (when == TimePoint::max()) return;  // an armed wait finds no deadline and stops
-  if (state.armed && state.armed_for <= when) return;
+  if (state.armed_for <= when) return;
   arm(state_, when);
 }
 
 void SocketDeadline::arm(const std::shared_ptr<State>& state, TimePoint when) {
-  state->armed = true;
   state->armed_for = when;
   ++state->generation;
   state->timer.expires_at(when);  // a wait armed for later completes as superseded
@@ -33,7 +32,7 @@ void SocketDeadline::on_timer(const std::weak_ptr<State>& weak, std::uint64_t ge
                               error_code ec) {
   auto state = weak.lock();
   if (!state || generation != state->generation) return;
-  state->armed = false;
+  state->armed_for = TimePoint::max();
   if (ec || state->deadline == TimePoint::max()) return;
   if (Clock::now() < state->deadline) {
     arm(state, state->deadline);  // moved later since this wait was armed

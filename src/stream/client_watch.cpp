@@ -4,14 +4,9 @@ namespace sluice::stream {
 
 namespace net = boost::asio;
 
-ClientWatch::ClientWatch(net::ip::tcp::socket& client) : state_(std::make_shared<State>()) {
-  state_->socket = &client;
-}
+ClientWatch::ClientWatch(net::ip::tcp::socket& client) : state_(std::make_shared<State>(client)) {}
 
-ClientWatch::~ClientWatch() {
-  state_->socket = nullptr;
-  state_->active = false;
-}
+ClientWatch::~ClientWatch() { state_->active = false; }
 
 void ClientWatch::start() {
   auto& state = *state_;
@@ -19,28 +14,21 @@ void ClientWatch::start() {
   state.active = true;
   state.client_gone = false;
   state.targets = {};
-  // A wait of an earlier request that has not completed would report a
-  // readiness this request's wait must judge for itself; nothing else is
-  // pending on the socket between requests, so cancelling touches only it.
-  if (state.pending_waits > 0) {
-    error_code ignored;
-    state.socket->cancel(ignored);
-  }
   ++state.pending_waits;
-  state.socket->async_wait(net::ip::tcp::socket::wait_read,
-                           [state = state_, generation = state.generation](error_code ec) {
-                             on_readable(state, generation, ec);
-                           });
+  state.socket.async_wait(net::ip::tcp::socket::wait_read,
+                          [state = state_, generation = state.generation](error_code ec) {
+                            on_readable(state, generation, ec);
+                          });
 }
 
 void ClientWatch::on_readable(const std::shared_ptr<State>& state, std::uint64_t generation,
                               error_code ec) {
   --state->pending_waits;
-  if (!state->socket || !state->active || generation != state->generation) return;
+  if (!state->active || generation != state->generation) return;
   // Readable with nothing to read is the end of the connection (or a reset);
   // readable with bytes is a pipelined request, left for the session.
   if (!ec) {
-    const std::size_t pending = state->socket->available(ec);
+    const std::size_t pending = state->socket.available(ec);
     if (!ec && pending == 0) ec = net::error::eof;
   }
   if (!ec) return;
@@ -61,7 +49,7 @@ void ClientWatch::stop() {
   // idle.
   if (state.pending_waits > 0) {
     error_code ignored;
-    state.socket->cancel(ignored);
+    state.socket.cancel(ignored);
   }
 }
 

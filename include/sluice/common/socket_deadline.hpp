@@ -39,8 +39,7 @@ class SocketDeadline {
     boost::asio::ip::tcp::socket& socket;
     boost::asio::steady_timer timer;
     TimePoint deadline = TimePoint::max();
-    TimePoint armed_for = TimePoint::max();  // when the pending wait ends
-    bool armed = false;
+    TimePoint armed_for = TimePoint::max();  // when the pending wait ends; max: none pending
     bool expired = false;
     std::uint64_t generation = 0;  // tells a superseded wait's completion apart
   };

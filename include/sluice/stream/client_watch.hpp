@@ -21,7 +21,8 @@ namespace sluice::stream {
 class ClientWatch {
  public:
   explicit ClientWatch(boost::asio::ip::tcp::socket& client);
-  // Detaches the pending wait, which may complete after the watch is gone.
+  // A wait still pending may complete after the watch is gone; it finds the
+  // state inactive and does nothing.
   ~ClientWatch();
   ClientWatch(const ClientWatch&) = delete;
   ClientWatch& operator=(const ClientWatch&) = delete;
@@ -40,8 +41,9 @@ class ClientWatch {
 
  private:
   struct State {
-    boost::asio::ip::tcp::socket* socket = nullptr;  // null once the watch is gone
-    std::uint64_t generation = 0;                    // one per start()
+    explicit State(boost::asio::ip::tcp::socket& socket) : socket(socket) {}
+    boost::asio::ip::tcp::socket& socket;  // used only while active
+    std::uint64_t generation = 0;          // one per start()
     bool active = false;
     bool client_gone = false;
     unsigned pending_waits = 0;
