@@ -16,6 +16,7 @@
 #include <boost/beast/http/buffer_body.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>
+#include <memory>
 #include <optional>
 
 #include "sluice/common/http_read.hpp"
@@ -39,6 +40,14 @@ struct SocketPair {
     tcp::acceptor acceptor(context, {net::ip::make_address("127.0.0.1"), 0});
     ours.connect(acceptor.local_endpoint());
     theirs = acceptor.accept();
+  }
+
+  // Sends `bytes` from their side after `delay`.
+  void write_after(std::chrono::milliseconds delay, std::string bytes) {
+    auto timer = std::make_shared<net::steady_timer>(context, delay);
+    timer->async_wait([this, timer, bytes = std::move(bytes)](error_code) {
+      net::write(theirs, net::buffer(bytes));
+    });
   }
 
   // Runs `task` to completion, or fails after `limit`.
@@ -84,13 +93,11 @@ TEST(SocketDeadline, PendingReadEndsAsTimeoutOnceItPasses) {
 TEST(SocketDeadline, MovedLaterTheReadOutlivesTheFirstDeadline) {
   SocketPair pair;
   SocketDeadline deadline(pair.ours);
-  net::steady_timer writer(pair.context);
   error_code result;
   pair.run([&]() -> net::awaitable<void> {
     deadline.expires_after(30ms);   // armed for 30 ms...
     deadline.expires_after(300ms);  // ...then moved: the timer fires early and waits again
-    writer.expires_after(100ms);
-    writer.async_wait([&](error_code) { net::write(pair.theirs, net::buffer("x", 1)); });
+    pair.write_after(100ms, "x");
     result = co_await read_one(pair.ours, deadline);
   }());
   EXPECT_FALSE(result) << result.message();
@@ -116,13 +123,11 @@ TEST(SocketDeadline, MovedSoonerItFiresAtTheNewTime) {
 TEST(SocketDeadline, NoDeadlineLetsTheReadWait) {
   SocketPair pair;
   SocketDeadline deadline(pair.ours);
-  net::steady_timer writer(pair.context);
   error_code result;
   pair.run([&]() -> net::awaitable<void> {
     deadline.expires_after(20ms);
     deadline.expires_never();  // the armed timer fires, finds no deadline, stops
-    writer.expires_after(150ms);
-    writer.async_wait([&](error_code) { net::write(pair.theirs, net::buffer("x", 1)); });
+    pair.write_after(150ms, "x");
     result = co_await read_one(pair.ours, deadline);
   }());
   EXPECT_FALSE(result) << result.message();
@@ -134,11 +139,9 @@ TEST(SocketDeadline, DestroyedWhileArmedDoesNothingLater) {
     SocketDeadline deadline(pair.ours);
     deadline.expires_after(20ms);
   }
-  net::steady_timer writer(pair.context);
   error_code result;
   pair.run([&]() -> net::awaitable<void> {
-    writer.expires_after(100ms);
-    writer.async_wait([&](error_code) { net::write(pair.theirs, net::buffer("x", 1)); });
+    pair.write_after(100ms, "x");
     char byte;
     auto [ec, n] = co_await pair.ours.async_read_some(net::buffer(&byte, 1),
                                                       net::as_tuple(net::use_awaitable));
@@ -178,18 +181,12 @@ TEST(ReadHttp, HeadThenBodyFromTheSocketInPieces) {
   SocketDeadline deadline(pair.ours);
   beast::flat_buffer buffer;
   http::request_parser<http::string_body> parser;
-  net::steady_timer writer(pair.context);
   error_code head_ec, body_ec;
   bool head_done_before_body = false;
   pair.run([&]() -> net::awaitable<void> {
     net::write(pair.theirs, net::buffer(std::string_view("POST /x HTTP/1.1\r\nContent-Len")));
-    writer.expires_after(20ms);
-    writer.async_wait([&](error_code) {
-      net::write(pair.theirs, net::buffer(std::string_view("gth: 5\r\n\r\nab")));
-      writer.expires_after(20ms);
-      writer.async_wait(
-          [&](error_code) { net::write(pair.theirs, net::buffer(std::string_view("cde"))); });
-    });
+    pair.write_after(20ms, "gth: 5\r\n\r\nab");
+    pair.write_after(40ms, "cde");
     deadline.expires_after(2s);
     head_ec = co_await read_http(pair.ours, buffer, parser, false, deadline);
     head_done_before_body = parser.is_header_done() && !parser.is_done();
