@@ -347,11 +347,19 @@ net::awaitable<bool> respond_failure(RequestContext& context, const FailedAttemp
                                     extra);
 }
 
-net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
-                           stream::ClientWatch& watch) {
+// The attempt whose head the client will get; it outlives the race that
+// chose it, so the race's state is gone while the body is relayed.
+struct Picked {
+  std::unique_ptr<AttemptTask> winner;
+  bool keep = false;  // without a winner: whether the connection may go on
+};
+
+// Runs the plan's attempts (with their hedges) until one produces a usable
+// head, and reports that to the plan. Without one, the client gets the last
+// failure or an overload error here, unless it is gone.
+net::awaitable<Picked> pick_upstream(RequestContext& context, const ProxyInputs& inputs,
+                                     router::Plan& plan, stream::ClientWatch& watch) {
   auto executor = context.client.get_executor();
-  auto plan =
-      context.snapshot->router->plan(*context.model, context.stream, context.worker.next_random());
   net::steady_timer wakeup(executor);
   std::optional<FailedAttempt> last_failure;
 
@@ -362,47 +370,52 @@ net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
       co_await pause.async_wait(as_tuple(use_awaitable));
       if (watch.client_gone()) {
         plan.abandon(*attempt);
-        co_return false;
+        co_return Picked{};
       }
     }
 
-    // The primary attempt and at most one hedge race for the first byte.
-    std::array<AttemptTask, 2> tasks;
+    // The primary attempt and at most one hedge race for the first byte;
+    // a slot is filled when its attempt is launched.
+    std::array<std::unique_ptr<AttemptTask>, 2> tasks;
+    tasks[0] = std::make_unique<AttemptTask>();
     AttemptTask* winner = nullptr;
     std::optional<TimePoint> hedge_at;
     if (!attempt->hedge_after) {
       // Nothing races an attempt without a hedge: it runs in this coroutine,
       // which spares a spawn and a wake-up per request.
-      auto& task = tasks[0];
+      auto& task = *tasks[0];
       prepare_attempt(inputs, task, *attempt);
-      task.launched = true;
       watch.watch(&task.abort_handle);
       const auto& origin = context.snapshot->origin(*attempt->deployment);
       task.result.emplace(co_await context.worker.client().start(origin, task.request, task.limits,
                                                                  task.abort_handle));
       if (task.has_usable_head()) winner = &task;
     } else {
-      launch(context, inputs, tasks[0], *attempt, watch, wakeup);
-      hedge_at = tasks[0].started_at + *attempt->hedge_after;
+      launch(context, inputs, *tasks[0], *attempt, watch, wakeup);
+      hedge_at = tasks[0]->started_at + *attempt->hedge_after;
     }
+    auto any_running = [&tasks] {
+      return std::any_of(tasks.begin(), tasks.end(),
+                         [](const auto& task) { return task && task->running; });
+    };
 
     while (!winner) {
       for (auto& task : tasks) {
-        if (task.launched && !task.running && task.has_usable_head()) {
-          winner = &task;
+        if (task && !task->running && task->has_usable_head()) {
+          winner = task.get();
           break;
         }
       }
-      bool any_running = tasks[0].running || tasks[1].running;
-      if (winner || !any_running) break;
+      if (winner || !any_running()) break;
       wakeup.expires_at(hedge_at ? *hedge_at : TimePoint::max());
       co_await wakeup.async_wait(as_tuple(use_awaitable));
       if (hedge_at && Clock::now() >= *hedge_at) {
         hedge_at.reset();
-        if (tasks[0].running && !watch.client_gone()) {
+        if (tasks[0]->running && !watch.client_gone()) {
           if (auto hedge = plan.next_hedge(Clock::now())) {
             ++context.attempts;
-            launch(context, inputs, tasks[1], *hedge, watch, wakeup);
+            tasks[1] = std::make_unique<AttemptTask>();
+            launch(context, inputs, *tasks[1], *hedge, watch, wakeup);
           }
         }
       }
@@ -411,34 +424,36 @@ net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
     // Stop the loser, if still running, and wait until its coroutine is done
     // with the task's storage.
     for (auto& task : tasks) {
-      if (&task != winner && task.running) task.abort_handle.abort();
+      if (task && task.get() != winner && task->running) task->abort_handle.abort();
     }
-    while (tasks[0].running || tasks[1].running) {
+    while (any_running()) {
       wakeup.expires_at(TimePoint::max());
       co_await wakeup.async_wait(as_tuple(use_awaitable));
     }
-    for (auto& task : tasks) watch.unwatch(&task.abort_handle);
+    for (auto& task : tasks) {
+      if (task) watch.unwatch(&task->abort_handle);
+    }
 
     if (watch.client_gone()) {
       for (auto& task : tasks) {
-        if (task.launched) plan.abandon(task.attempt);
+        if (task) plan.abandon(task->attempt);
       }
-      co_return false;
+      co_return Picked{};
     }
 
     // Failed attempts count against their deployment, except one aborted
     // because the other won.
     bool answer_now = false;
     for (auto& task : tasks) {
-      if (!task.launched || &task == winner) continue;
-      bool lost_race = winner && task.abort_handle.aborted();
-      bool superseded = winner && task.result && task.result->ok() && task.has_usable_head();
+      if (!task || task.get() == winner) continue;
+      bool lost_race = winner && task->abort_handle.aborted();
+      bool superseded = winner && task->result && task->result->ok() && task->has_usable_head();
       if (lost_race || superseded) {
-        plan.abandon(task.attempt);
+        plan.abandon(task->attempt);
         continue;
       }
-      last_failure = co_await settle_failure(context, plan, task);
-      if (watch.client_gone()) co_return false;
+      last_failure = co_await settle_failure(context, plan, *task);
+      if (watch.client_gone()) co_return Picked{};
       if (last_failure->kind == router::ResultKind::client_error) answer_now = true;
     }
     if (!winner) {
@@ -446,7 +461,7 @@ net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
       continue;
     }
 
-    auto& exchange = *winner->result->value();
+    const auto& exchange = *winner->result->value();
     const auto& deployment = *winner->attempt.deployment;
     context.deployment_id = deployment.id;
     auto ttft = std::chrono::duration_cast<router::Micros>(exchange.timing().first_byte -
@@ -457,85 +472,111 @@ net::awaitable<bool> proxy(RequestContext& context, ProxyInputs& inputs,
     context.record.deployment = deployment.id;
     context.record.attempts.push_back(attempt_record(deployment, exchange, "ok"));
     for (const auto& task : tasks) {
-      if (task.launched && &task != winner && task.abort_handle.aborted()) {
-        context.record.attempts.push_back({task.attempt.deployment->id, "lost_hedge", std::nullopt,
+      if (task && task.get() != winner && task->abort_handle.aborted()) {
+        context.record.attempts.push_back({task->attempt.deployment->id, "lost_hedge", std::nullopt,
                                            std::nullopt, std::nullopt, false});
       }
     }
     if (winner->attempt.hedge) context.record.tags.push_back("hedge:won");
-    const auto& timing = exchange.timing();
-    context.upstream_ttfb = timing.first_byte - timing.sent;
-    if (!timing.reused) context.upstream_connect = timing.secured - timing.started;
-    // sluice's own time: before the request went upstream, and from the
-    // response head to the first write to the client (measured by the relay
-    // below; Server-Timing reports it up to here).
-    context.gateway_time += winner->started_at - context.body_read;
-    auto head_at = Clock::now();
-    std::string timing_field;
-    metrics::render_server_timing(timing_field,
-                                  {context.gateway_time + (head_at - timing.first_byte),
-                                   context.upstream_connect, context.upstream_ttfb});
-    context.response_fields.append(timing_field);
-    context.timing_sent = true;
-
-    watch.watch(&winner->abort_handle);
-    stream::Relay relay(context.client, context.relay_buffer, deployment.timeouts.idle);
-    auto model_metrics = context.snapshot->metrics->model(*context.model);
-    stream::RelayOptions relay_options;
-    relay_options.strip_usage_only_chunks = inputs.strip_usage_only_chunks;
-    relay_options.gaps = &context.gaps;
-    relay_options.gap_histogram = &model_metrics.inter_token_gap;
-    relay_options.shard = context.worker.index();
-    if (inputs.cache_step) {
-      relay_options.capture = &inputs.cache_step->captured;
-      relay_options.capture_limit = kMaxCachedResponseBytes;
-      // Stored before the client has the whole answer, so asking again at
-      // once is a hit.
-      relay_options.on_upstream_complete = [&step = *inputs.cache_step,
-                                            &exchange](const stream::RelayOutcome& so_far) {
-        if (!so_far.capture_overflowed && exchange.status() == 200) {
-          remember_response(step, exchange.is_event_stream());
-        }
-      };
-    }
-    auto outcome =
-        co_await relay.run(exchange, sluice_fields(context), context.keep_alive, relay_options);
-    if (outcome.first_write != TimePoint{}) {
-      context.gateway_time += outcome.first_write - timing.first_byte;
-      context.record.ttft_ms = to_ms(outcome.first_write - context.head_started);
-    }
-    context.record.status = exchange.status();
-    context.record.bytes_out = outcome.bytes_out;
-    if (outcome.usage) {
-      context.usage = outcome.usage;
-      context.usage_tokens = outcome.usage->total_tokens;
-    }
-    watch.unwatch(&winner->abort_handle);
-    plan.finish(winner->attempt, outcome.complete,
-                std::chrono::duration_cast<router::Micros>(Clock::now() - winner->started_at),
-                Clock::now());
-    if (outcome.nothing_sent && outcome.upstream_error && !watch.client_gone()) {
-      // The upstream broke between its head and its first body byte: the
-      // client has seen nothing yet, so it still gets a proper error.
-      auto error = *outcome.upstream_error;
-      std::string message = "Upstream deployment " + deployment.id + " failed: " + error.describe();
-      // Built before the co_await: GCC 12 miscompiles a ?: temporary in the
-      // arguments of an awaited call (it freed an invalid pointer here).
-      const ApiError api_error = error.is_timeout() ? ApiError::upstream_timeout(message)
-                                                    : ApiError::upstream_unreachable(message);
-      co_return co_await respond_error(context, api_error);
-    }
-    co_return outcome.complete&& context.keep_alive;
+    auto& slot = tasks[0].get() == winner ? tasks[0] : tasks[1];
+    co_return Picked{std::move(slot), true};
   }
 
-  if (watch.client_gone()) co_return false;
-  if (last_failure) co_return co_await respond_failure(context, *last_failure);
+  if (watch.client_gone()) co_return Picked{};
+  if (last_failure) {
+    bool keep = co_await respond_failure(context, *last_failure);
+    co_return Picked{nullptr, keep};
+  }
   // No attempt could be made: every deployment is at its limits.
-  co_return co_await respond_error(
+  bool keep = co_await respond_error(
       context,
       ApiError::overloaded("No deployment of model `" + context.model->name +
                            "` can take the request now (all at max_parallel or rpm)."),
       "Retry-After: 1\r\n");
+  co_return Picked{nullptr, keep};
+}
+
+// The upstream broke between its head and its first body byte: the client
+// has seen nothing yet, so it still gets a proper error.
+net::awaitable<bool> respond_broken_upstream(RequestContext& context,
+                                             const config::Deployment& deployment,
+                                             const upstream::UpstreamError& error) {
+  std::string message = "Upstream deployment " + deployment.id + " failed: " + error.describe();
+  // Built before the co_await: GCC 12 miscompiles a ?: temporary in the
+  // arguments of an awaited call (it freed an invalid pointer here).
+  const ApiError api_error = error.is_timeout()
+                                 ? ApiError::upstream_timeout(std::move(message))
+                                 : ApiError::upstream_unreachable(std::move(message));
+  co_return co_await respond_error(context, api_error);
+}
+
+// Relays the winner's response to the client and settles the attempt.
+net::awaitable<bool> relay_answer(RequestContext& context, const ProxyInputs& inputs,
+                                  router::Plan& plan, AttemptTask& winner,
+                                  stream::ClientWatch& watch) {
+  auto& exchange = *winner.result->value();
+  const auto& deployment = *winner.attempt.deployment;
+  const auto& timing = exchange.timing();
+  context.upstream_ttfb = timing.first_byte - timing.sent;
+  if (!timing.reused) context.upstream_connect = timing.secured - timing.started;
+  // sluice's own time: before the request went upstream, and from the
+  // response head to the first write to the client (measured by the relay
+  // below; Server-Timing reports it up to here).
+  context.gateway_time += winner.started_at - context.body_read;
+  metrics::render_server_timing(context.response_fields,
+                                {context.gateway_time + (Clock::now() - timing.first_byte),
+                                 context.upstream_connect, context.upstream_ttfb});
+  context.timing_sent = true;
+
+  watch.watch(&winner.abort_handle);
+  stream::Relay relay(context.client, context.relay_buffer, deployment.timeouts.idle);
+  stream::RelayOptions relay_options;
+  relay_options.strip_usage_only_chunks = inputs.strip_usage_only_chunks;
+  relay_options.gaps = &context.gaps;
+  auto model_metrics = context.snapshot->metrics->model(*context.model);
+  relay_options.gap_histogram = &model_metrics.inter_token_gap;
+  relay_options.shard = context.worker.index();
+  if (inputs.cache_step) {
+    relay_options.capture = &inputs.cache_step->captured;
+    relay_options.capture_limit = kMaxCachedResponseBytes;
+    // Stored before the client has the whole answer, so asking again at
+    // once is a hit.
+    relay_options.on_upstream_complete = [&step = *inputs.cache_step,
+                                          &exchange](const stream::RelayOutcome& so_far) {
+      if (!so_far.capture_overflowed && exchange.status() == 200) {
+        remember_response(step, exchange.is_event_stream());
+      }
+    };
+  }
+  auto outcome =
+      co_await relay.run(exchange, sluice_fields(context), context.keep_alive, relay_options);
+  if (outcome.first_write != TimePoint{}) {
+    context.gateway_time += outcome.first_write - timing.first_byte;
+    context.record.ttft_ms = to_ms(outcome.first_write - context.head_started);
+  }
+  context.record.status = exchange.status();
+  context.record.bytes_out = outcome.bytes_out;
+  if (outcome.usage) {
+    context.usage = outcome.usage;
+    context.usage_tokens = outcome.usage->total_tokens;
+  }
+  watch.unwatch(&winner.abort_handle);
+  plan.finish(winner.attempt, outcome.complete,
+              std::chrono::duration_cast<router::Micros>(Clock::now() - winner.started_at),
+              Clock::now());
+  if (outcome.nothing_sent && outcome.upstream_error && !watch.client_gone()) {
+    co_return co_await respond_broken_upstream(context, deployment, *outcome.upstream_error);
+  }
+  co_return outcome.complete&& context.keep_alive;
+}
+
+net::awaitable<bool> proxy(RequestContext& context, const ProxyInputs& inputs,
+                           stream::ClientWatch& watch) {
+  auto plan =
+      context.snapshot->router->plan(*context.model, context.stream, context.worker.next_random());
+  auto picked = co_await pick_upstream(context, inputs, plan, watch);
+  if (!picked.winner) co_return picked.keep;
+  co_return co_await relay_answer(context, inputs, plan, *picked.winner, watch);
 }
 
 }  // namespace
@@ -740,7 +781,25 @@ net::awaitable<bool> Pipeline::handle(RequestContext& context) {
   co_return keep;
 }
 
-net::awaitable<bool> Pipeline::serve(RequestContext& context) {
+namespace {
+
+// What a request that goes upstream carries from its admission to the end of
+// its relay: the admission to settle, and the storage the forwarded body and
+// fields point into.
+struct ProxyJob {
+  auth::Admission admission;
+  CacheStep cache_step;
+  ProxyInputs inputs;
+  std::optional<shaping::ShapedRequest> shaped;
+  std::string without_cache_field;
+  std::string respliced;
+};
+
+// Everything before the upstream: routes the path, checks the key and the
+// body, shapes, admits, looks in the cache. Returns whether the connection
+// may go on when the request was answered here; nullopt when `job` is ready
+// to go upstream.
+net::awaitable<std::optional<bool>> admit_request(RequestContext& context, ProxyJob& job) {
   auto& request = context.request;
   std::string_view target(request.target().data(), request.target().size());
   auto query_start = target.find('?');
@@ -797,104 +856,110 @@ net::awaitable<bool> Pipeline::serve(RequestContext& context) {
   // Rules and shaping come before admission so that the key is charged for
   // the body that goes upstream; the key's model check stays on the name
   // the client asked for. Models without either never parse the body.
-  std::optional<shaping::ShapedRequest> shaped;
   auto max_tokens = inspected->max_tokens;
   if (context.model && shaping::shapes(*context.model)) {
-    shaped = shaping::shape_request(*context.snapshot->config, *context.model, *endpoint, body);
-    if (!shaped->body.empty()) {
-      body = shaped->body;
-      max_tokens = shaped->max_tokens;
+    job.shaped = shaping::shape_request(*context.snapshot->config, *context.model, *endpoint, body);
+    if (!job.shaped->body.empty()) {
+      body = job.shaped->body;
+      max_tokens = job.shaped->max_tokens;
     }
   }
-  auto admission = auth.admit({presented_key.value_or(""), model_name,
-                               auth::estimate_tokens(body.size(), max_tokens), Clock::now()});
-  admission.append_headers(context.response_fields);
+  job.admission = auth.admit({presented_key.value_or(""), model_name,
+                              auth::estimate_tokens(body.size(), max_tokens), Clock::now()});
+  job.admission.append_headers(context.response_fields);
   // Refused requests are logged with the key and model too: a 429 is worth
   // little to an operator without knowing whose.
-  context.key = admission.key;
+  context.key = job.admission.key;
   context.record.model = model_name;
-  if (!admission.allowed()) co_return co_await respond_error(context, *admission.error);
+  if (!job.admission.allowed()) co_return co_await respond_error(context, *job.admission.error);
   if (!context.model) {
     co_return co_await respond_error(context, ApiError::model_not_found(model_name));
   }
   context.stream = inspected->stream;
-  if (shaped) {
-    if (!shaped->target) {
+  if (job.shaped) {
+    if (!job.shaped->target) {
       co_return co_await respond_error(
           context,
           ApiError::invalid_request("No rule of model `" + model_name + "` matches this request.",
                                     "model", "no_matching_rule"));
     }
-    context.model = shaped->target;
-    if (shaped->routed) {
-      context.record.routed_to = shaped->target->name;
+    context.model = job.shaped->target;
+    if (job.shaped->routed) {
+      context.record.routed_to = job.shaped->target->name;
       context.response_fields.append("x-sluice-model: ")
-          .append(shaped->target->name)
+          .append(job.shaped->target->name)
           .append("\r\n");
     }
-    if (shaped->report.changed()) {
-      context.record.shaped = shaped->report.joined();
+    if (job.shaped->report.changed()) {
+      context.record.shaped = job.shaped->report.joined();
       context.response_fields.append("x-sluice-shaped: ")
           .append(context.record.shaped)
           .append("\r\n");
     }
   }
 
-  CacheStep cache_step;
   if (context.model->cache.mode != config::Cache::Mode::off) {
-    auto cached = co_await answer_from_cache(context, *endpoint, *inspected, cache_step);
+    auto cached = co_await answer_from_cache(context, *endpoint, *inspected, job.cache_step);
     if (cached) {
       // Nothing was spent upstream: the request counts against rpm, its
       // tokens are not charged.
-      auth.complete(admission, 0, Clock::now());
+      auth.complete(job.admission, 0, Clock::now());
       co_return *cached;
     }
   }
 
-  ProxyInputs inputs;
-  inputs.endpoint = *endpoint;
-  inputs.query = query;
+  job.inputs.endpoint = *endpoint;
+  job.inputs.query = query;
   auto next_random = [&worker = context.worker] { return worker.next_random(); };
-  inputs.forward_fields = forwarded_fields(
+  job.inputs.forward_fields = forwarded_fields(
       request, context.request_id, metrics::next_hop(context.trace, next_random).traceparent());
-  if (cache_step.cache) inputs.cache_step = &cache_step;
+  if (job.cache_step.cache) job.inputs.cache_step = &job.cache_step;
   // `cache` is sluice's own field, never sent upstream; a body without it is
   // forwarded as it came.
-  std::string without_cache_field;
   std::string_view forwarded = body;
   if (inspected->has_cache_field) {
     auto json = nlohmann::json::parse(body);
     json.erase("cache");
-    without_cache_field = json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    forwarded = without_cache_field;
+    job.without_cache_field = json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    forwarded = job.without_cache_field;
   }
-  std::string respliced;
   const auto splice = splice_model(
-      forwarded, respliced,
+      forwarded, job.respliced,
       forwarded.data() == request.body().data() ? inspected->model_value : std::nullopt);
-  inputs.body_prefix = splice.before_model;
-  inputs.body_suffix = splice.after_model;
-  inputs.body_closing = splice.closing;
+  job.inputs.body_prefix = splice.before_model;
+  job.inputs.body_suffix = splice.after_model;
+  job.inputs.body_closing = splice.closing;
 
   // A key with a token budget needs the real usage of every stream, and so
   // does a cache entry that may be replayed to a client asking for it: ask
   // the upstream for the usage chunk when the client did not, and keep that
   // chunk from the client.
   constexpr std::string_view kIncludeUsage = R"(,"stream_options":{"include_usage":true})";
-  bool wants_usage = ((context.key && context.key->limits.tpm > 0) || inputs.cache_step) &&
+  bool wants_usage = ((context.key && context.key->limits.tpm > 0) || job.inputs.cache_step) &&
                      context.stream && !inspected->has_stream_options &&
                      (*endpoint == "/chat/completions" || *endpoint == "/completions");
   if (wants_usage) {
-    inputs.body_addition = kIncludeUsage;
-    inputs.strip_usage_only_chunks = true;
+    job.inputs.body_addition = kIncludeUsage;
+    job.inputs.strip_usage_only_chunks = true;
   }
+  co_return std::nullopt;
+}
+
+}  // namespace
+
+net::awaitable<bool> Pipeline::serve(RequestContext& context) {
+  // The stages before the upstream run in a frame of their own, gone by the
+  // time the answer is relayed: a held stream keeps only `job` alive here.
+  ProxyJob job;
+  auto answered = co_await admit_request(context, job);
+  if (answered) co_return *answered;
 
   auto& watch = context.watch;
   watch.start();
-  bool keep = co_await proxy(context, inputs, watch);
+  bool keep = co_await proxy(context, job.inputs, watch);
   // Settled as soon as the response has ended: the client may already be
   // sending its next request.
-  auth.complete(admission, context.usage_tokens, Clock::now());
+  context.snapshot->auth->complete(job.admission, context.usage_tokens, Clock::now());
   watch.stop();
   context.client_gone = watch.client_gone();
   co_return keep && !watch.client_gone();
