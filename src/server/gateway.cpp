@@ -41,7 +41,15 @@ std::shared_ptr<const Snapshot> Snapshot::build(config::ConfigPtr config,
   snapshot->models_json = nlohmann::json{{"object", "list"}, {"data", std::move(data)}}.dump();
   for (const auto& model : config->models) {
     for (const auto& deployment : model.deployments) {
-      snapshot->origins.emplace(&deployment, upstream::Origin::from(deployment));
+      std::string fields;
+      for (const auto& [name, value] : deployment.headers) {
+        fields.append(name).append(": ").append(value).append("\r\n");
+      }
+      if (!deployment.api_key.empty()) {
+        fields.append("Authorization: Bearer ").append(deployment.api_key).append("\r\n");
+      }
+      snapshot->deployments.emplace(
+          &deployment, Snapshot::DeploymentWiring{upstream::Origin::from(deployment), fields});
     }
   }
   snapshot->config = std::move(config);

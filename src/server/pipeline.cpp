@@ -89,17 +89,6 @@ std::string forwarded_fields(const ClientRequest& request, std::string_view requ
   return fields;
 }
 
-std::string deployment_fields(const config::Deployment& deployment) {
-  std::string fields;
-  for (const auto& [name, value] : deployment.headers) {
-    fields.append(name).append(": ").append(value).append("\r\n");
-  }
-  if (!deployment.api_key.empty()) {
-    fields.append("Authorization: Bearer ").append(deployment.api_key).append("\r\n");
-  }
-  return fields;
-}
-
 std::optional<std::chrono::milliseconds> retry_after(const upstream::Exchange& exchange) {
   auto it = exchange.head().find(http::field::retry_after);
   if (it == exchange.head().end()) return std::nullopt;
@@ -204,7 +193,9 @@ std::string models_for(const RequestContext& context, const auth::KeyPolicy* key
 struct ProxyInputs {
   std::string_view endpoint;
   std::string_view query;
-  std::string forward_fields;
+  // The client's header lines that travel upstream, made once for all the
+  // attempts by whoever makes them.
+  std::string_view forward_fields;
   // The body is forwarded as [prefix, upstream model literal, suffix,
   // addition, closing]; the addition is empty unless a field is added.
   std::string_view body_prefix;
@@ -223,7 +214,6 @@ struct AttemptTask {
   router::Attempt attempt;
   std::string model_literal;
   std::string target;
-  std::string fields;
   upstream::Request request;
   upstream::Limits limits;
   TimePoint started_at{};
@@ -243,18 +233,19 @@ net::awaitable<void> run_attempt(upstream::Client& client, const upstream::Origi
 }
 
 // Fills in the request `task` sends to the attempt's deployment.
-void prepare_attempt(const ProxyInputs& inputs, AttemptTask& task, const router::Attempt& attempt) {
+void prepare_attempt(const RequestContext& context, const ProxyInputs& inputs, AttemptTask& task,
+                     const router::Attempt& attempt) {
   const auto& deployment = *attempt.deployment;
   task.attempt = attempt;
   append_json_string(task.model_literal, deployment.upstream_model);
   task.target = deployment.base_url.path_prefix;
   task.target.append(inputs.endpoint).append(inputs.query);
-  task.fields = inputs.forward_fields + deployment_fields(deployment);
-  task.request = upstream::Request{"POST",
-                                   task.target,
-                                   task.fields,
-                                   {inputs.body_prefix, task.model_literal, inputs.body_suffix,
-                                    inputs.body_addition, inputs.body_closing}};
+  task.request =
+      upstream::Request{"POST",
+                        task.target,
+                        {inputs.forward_fields, context.snapshot->upstream_fields(deployment)},
+                        {inputs.body_prefix, task.model_literal, inputs.body_suffix,
+                         inputs.body_addition, inputs.body_closing}};
   task.started_at = Clock::now();
   task.limits =
       upstream::Limits{deployment.timeouts.connect, deployment.timeouts.ttft,
@@ -263,7 +254,7 @@ void prepare_attempt(const ProxyInputs& inputs, AttemptTask& task, const router:
 
 void launch(RequestContext& context, const ProxyInputs& inputs, AttemptTask& task,
             const router::Attempt& attempt, stream::ClientWatch& watch, net::steady_timer& wakeup) {
-  prepare_attempt(inputs, task, attempt);
+  prepare_attempt(context, inputs, task, attempt);
   task.launched = task.running = true;
   watch.watch(&task.abort_handle);
   // The snapshot the request holds keeps the origin alive for the attempt.
@@ -357,8 +348,14 @@ struct Picked {
 // Runs the plan's attempts (with their hedges) until one produces a usable
 // head, and reports that to the plan. Without one, the client gets the last
 // failure or an overload error here, unless it is gone.
-net::awaitable<Picked> pick_upstream(RequestContext& context, const ProxyInputs& inputs,
+net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs,
                                      router::Plan& plan, stream::ClientWatch& watch) {
+  // Built here so that it is gone while the answer is relayed.
+  auto next_random = [&worker = context.worker] { return worker.next_random(); };
+  const std::string forward_fields =
+      forwarded_fields(context.request, context.request_id,
+                       metrics::next_hop(context.trace, next_random).traceparent());
+  inputs.forward_fields = forward_fields;
   auto executor = context.client.get_executor();
   net::steady_timer wakeup(executor);
   std::optional<FailedAttempt> last_failure;
@@ -384,7 +381,7 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, const ProxyInputs&
       // Nothing races an attempt without a hedge: it runs in this coroutine,
       // which spares a spawn and a wake-up per request.
       auto& task = *tasks[0];
-      prepare_attempt(inputs, task, *attempt);
+      prepare_attempt(context, inputs, task, *attempt);
       watch.watch(&task.abort_handle);
       const auto& origin = context.snapshot->origin(*attempt->deployment);
       task.result.emplace(co_await context.worker.client().start(origin, task.request, task.limits,
@@ -601,8 +598,9 @@ net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& cont
   constexpr std::size_t kMaxInternalBody = 16 * 1024 * 1024;
   ProxyInputs inputs;
   inputs.endpoint = endpoint;
-  inputs.forward_fields =
+  const std::string forward_fields =
       "Content-Type: application/json\r\nx-request-id: " + context.request_id + "\r\n";
+  inputs.forward_fields = forward_fields;
   inputs.body_prefix = R"({"model":)";
   inputs.body_suffix = body_after_model;
   auto plan = context.snapshot->router->plan(model, false, context.worker.next_random());
@@ -615,7 +613,7 @@ net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& cont
     }
     const auto& deployment = *attempt->deployment;
     AttemptTask task;
-    prepare_attempt(inputs, task, *attempt);
+    prepare_attempt(context, inputs, task, *attempt);
     auto result = co_await context.worker.client().start(
         context.snapshot->origin(deployment), task.request, task.limits, task.abort_handle);
     if (!result) {
@@ -910,9 +908,6 @@ net::awaitable<std::optional<bool>> admit_request(RequestContext& context, Proxy
 
   job.inputs.endpoint = *endpoint;
   job.inputs.query = query;
-  auto next_random = [&worker = context.worker] { return worker.next_random(); };
-  job.inputs.forward_fields = forwarded_fields(
-      request, context.request_id, metrics::next_hop(context.trace, next_random).traceparent());
   if (job.cache_step.cache) job.inputs.cache_step = &job.cache_step;
   // `cache` is sluice's own field, never sent upstream; a body without it is
   // forwarded as it came.

@@ -240,16 +240,19 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
 
   std::size_t body_size = 0;
   for (auto part : request.body) body_size += part.size();
-  HeadWriter(exchange->head_text_)
+  // Only this frame keeps the head: nothing of the request is needed once the
+  // response has begun.
+  std::string head_text;
+  HeadWriter(head_text)
       .request_line(request.method, request.target)
       .field("Host", origin.host_header())
       .field("Content-Length", body_size)
-      .raw_fields(request.extra_fields)
+      .raw_fields(request.fields[0])
+      .raw_fields(request.fields[1])
       .finish();
   std::array<net::const_buffer, 6> wire = {
-      net::buffer(exchange->head_text_), net::buffer(request.body[0]),
-      net::buffer(request.body[1]),      net::buffer(request.body[2]),
-      net::buffer(request.body[3]),      net::buffer(request.body[4])};
+      net::buffer(head_text),       net::buffer(request.body[0]), net::buffer(request.body[1]),
+      net::buffer(request.body[2]), net::buffer(request.body[3]), net::buffer(request.body[4])};
 
   // The second round only happens when a pooled connection was dead.
   for (int round = 0; round < 2; ++round) {

@@ -35,12 +35,20 @@ struct Snapshot {
   std::shared_ptr<metrics::SnapshotMetrics> metrics;
   std::shared_ptr<cache::Caches> caches;  // carried over on reload, see Caches
   std::string models_json;                // GET /v1/models, rendered once
-  // Where each deployment of `config` connects, with its pool key and Host
-  // value made once rather than per request.
-  std::unordered_map<const config::Deployment*, upstream::Origin> origins;
+  // What each deployment of `config` needs per request, made once rather
+  // than per request: where it connects (pool key, Host value) and the header
+  // lines it adds (its `headers` and its key).
+  struct DeploymentWiring {
+    upstream::Origin origin;
+    std::string fields;
+  };
+  std::unordered_map<const config::Deployment*, DeploymentWiring> deployments;
 
   const upstream::Origin& origin(const config::Deployment& deployment) const {
-    return origins.at(&deployment);
+    return deployments.at(&deployment).origin;
+  }
+  std::string_view upstream_fields(const config::Deployment& deployment) const {
+    return deployments.at(&deployment).fields;
   }
 
   static std::shared_ptr<const Snapshot> build(config::ConfigPtr config,

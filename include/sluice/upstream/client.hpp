@@ -53,8 +53,10 @@ const char* to_string(Failure failure);
 // one gather write, so a body with a field replaced or added needs no copy.
 struct Request {
   std::string_view method = "POST";
-  std::string_view target;        // path and query, with the deployment's prefix
-  std::string_view extra_fields;  // preformatted "Name: value\r\n" lines
+  std::string_view target;  // path and query, with the deployment's prefix
+  // Preformatted "Name: value\r\n" lines: the client's forwarded ones and the
+  // deployment's own.
+  std::array<std::string_view, 2> fields{};
   std::array<std::string_view, 5> body{};
 };
 
@@ -132,7 +134,6 @@ class Exchange {
   std::unique_ptr<Connection> connection_;
   std::optional<Parser> parser_;  // fresh for every round of Client::start
   Timing timing_;
-  std::string head_text_;
   bool failed_ = false;
 };
 
