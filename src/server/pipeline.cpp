@@ -530,8 +530,7 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ProxyInputs& in
   stream::RelayOptions relay_options;
   relay_options.strip_usage_only_chunks = inputs.strip_usage_only_chunks;
   relay_options.gaps = &context.gaps;
-  auto model_metrics = context.snapshot->metrics->model(*context.model);
-  relay_options.gap_histogram = &model_metrics.inter_token_gap;
+  relay_options.gap_histogram = context.snapshot->metrics->model(*context.model).inter_token_gap;
   relay_options.shard = context.worker.index();
   if (inputs.cache_step) {
     relay_options.capture = &inputs.cache_step->captured;

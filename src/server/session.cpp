@@ -66,6 +66,14 @@ net::awaitable<void> write_plain_error(beast::tcp_stream& client, const ApiError
   co_await net::async_write(client, net::buffer(response), as_tuple(use_awaitable));
 }
 
+// Answers a request that could not be read, unless the client just left or
+// stalled. A coroutine of its own: the connection's frame lives as long as
+// the connection, and should not carry the error's slots.
+net::awaitable<void> answer_unreadable(beast::tcp_stream& client, const error_code& ec,
+                                       const config::Server& limits) {
+  if (auto error = read_error_response(ec, limits)) co_await write_plain_error(client, *error);
+}
+
 // Closing right after an error answer while the client is still sending
 // would make the kernel reset the connection and discard the answer: send
 // FIN, then read and drop what is still coming for a short while.
@@ -116,9 +124,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     auto head_ec = co_await read_http(client.socket(), buffer, parser, false, read_deadline);
     tracked.idle = false;
     if (head_ec) {
-      if (auto error = read_error_response(head_ec, limits)) {
-        co_await write_plain_error(client, *error);
-      }
+      co_await answer_unreadable(client, head_ec, limits);
       break;
     }
 
@@ -132,9 +138,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
       read_deadline.expires_after(limits.body_timeout);
       auto body_ec = co_await read_http(client.socket(), buffer, parser, true, read_deadline);
       if (body_ec) {
-        if (auto error = read_error_response(body_ec, limits)) {
-          co_await write_plain_error(client, *error);
-        }
+        co_await answer_unreadable(client, body_ec, limits);
         break;
       }
     }

@@ -218,9 +218,8 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
         auto now = Clock::now();
         options.gaps->on_event(now);
         auto gap = options.gaps->last_gap();
-        if (gap && options.gap_histogram) {
-          options.gap_histogram->observe(options.shard,
-                                         std::chrono::duration<double>(*gap).count());
+        if (gap) {
+          options.gap_histogram.observe(options.shard, std::chrono::duration<double>(*gap).count());
         }
       }
       spans_.clear();

@@ -39,9 +39,10 @@ struct RelayOptions {
   // The gateway asked the upstream for a usage chunk the client did not ask
   // for: keep it from the client.
   bool strip_usage_only_chunks = false;
-  // Where gaps between streamed reads go (both optional).
+  // Where gaps between streamed reads go (both optional: a default handle
+  // records nothing).
   metrics::GapTracker* gaps = nullptr;
-  const metrics::HistogramHandle* gap_histogram = nullptr;
+  metrics::HistogramHandle gap_histogram;
   unsigned shard = 0;
   // Set only for a response that may be cached: the upstream body is
   // appended here as read, up to capture_limit bytes.
