@@ -1,6 +1,7 @@
 #include "sluice/router/router.hpp"
 
 #include <algorithm>
+#include <boost/container/small_vector.hpp>
 #include <cctype>
 #include <limits>
 
@@ -8,14 +9,16 @@ namespace sluice::router {
 
 namespace {
 
-using Deployments = std::vector<const config::Deployment*>;
+// Candidates and the like, on the stack for any realistic model.
+using Deployments = boost::container::small_vector<const config::Deployment*, 8>;
 
 // Samples older than this describe a deployment as it was, not as it is.
 constexpr std::chrono::milliseconds kFreshFor{60'000};
 // Fewer samples than this make a P95 little more than the maximum.
 constexpr std::size_t kMinSamplesForP95 = 5;
 
-bool contains(const Deployments& list, const config::Deployment* deployment) {
+template <typename List>
+bool contains(const List& list, const config::Deployment* deployment) {
   return std::find(list.begin(), list.end(), deployment) != list.end();
 }
 
@@ -102,13 +105,13 @@ DeploymentState* Router::state(const std::string& deployment_id) const {
 }
 
 const config::Deployment* Router::choose(const config::Model& group, bool stream,
-                                         const std::vector<const config::Deployment*>& exclude,
+                                         std::span<const config::Deployment* const> exclude,
                                          TimePoint now, RandomBits& random) const {
   return choose_among(group, stream, exclude, now, random, /*allow_cooling=*/true).deployment;
 }
 
 Router::Choice Router::choose_among(const config::Model& group, bool stream,
-                                    const std::vector<const config::Deployment*>& exclude,
+                                    std::span<const config::Deployment* const> exclude,
                                     TimePoint now, RandomBits& random, bool allow_cooling) const {
   Deployments candidates;
   candidates.reserve(group.deployments.size());
@@ -144,12 +147,13 @@ Router::Choice Router::choose_among(const config::Model& group, bool stream,
     if (allow_cooling && soonest != nullptr) return {soonest, true};
     return {};
   }
+  // Nothing to weigh: every strategy would pick it.
+  if (candidates.size() == 1) return {candidates.front()};
 
   switch (group.strategy) {
     case config::Strategy::latency: {
       Deployments unsampled;
-      std::vector<std::pair<const config::Deployment*, std::chrono::microseconds>> measured;
-      measured.reserve(candidates.size());
+      boost::container::small_vector<std::pair<const config::Deployment*, Micros>, 8> measured;
       for (const auto* deployment : candidates) {
         DeploymentState* state = this->state(deployment->id);
         // A non-streaming client waits for the whole body, so that is the
@@ -246,12 +250,12 @@ void Plan::resolve_groups(const std::vector<std::string>& names) {
   }
 }
 
-std::optional<Plan::Taken> Plan::take_in_group(const config::Model& group,
-                                               std::vector<const config::Deployment*> exclude,
+std::optional<Plan::Taken> Plan::take_in_group(const config::Model& group, DeploymentList exclude,
                                                bool allow_cooling, TimePoint now) {
   // Every pass excludes one more deployment, so this ends.
   for (;;) {
-    const auto choice = router_->choose_among(group, stream_, exclude, now, random_, allow_cooling);
+    const auto choice = router_->choose_among(group, stream_, {exclude.data(), exclude.size()}, now,
+                                              random_, allow_cooling);
     const config::Deployment* deployment = choice.deployment;
     if (deployment == nullptr) return std::nullopt;
     DeploymentState* state = router_->state(deployment->id);
@@ -277,6 +281,13 @@ std::optional<Plan::Taken> Plan::take_in_group(const config::Model& group,
     }
     return Taken{deployment, state, probe};
   }
+}
+
+unsigned& Plan::attempts_on(const config::Deployment* deployment) {
+  for (auto& [tried, count] : attempts_per_deployment_) {
+    if (tried == deployment) return count;
+  }
+  return attempts_per_deployment_.emplace_back(deployment, 0u).second;
 }
 
 Millis Plan::backoff_wait(unsigned previous_attempts_on_deployment) {
@@ -338,7 +349,7 @@ std::optional<Attempt> Plan::next(TimePoint now) {
     if (!taken) taken = take_in_group(group, tried_in_group_, allow_cooling, now);
 
     if (taken) {
-      unsigned& on_deployment = attempts_per_deployment_[taken->deployment];
+      unsigned& on_deployment = attempts_on(taken->deployment);
       Attempt attempt;
       attempt.model = &group;
       attempt.deployment = taken->deployment;
@@ -378,7 +389,7 @@ std::optional<Attempt> Plan::next_hedge(TimePoint now) {
   if (!taken) return std::nullopt;
 
   hedged_ = true;
-  ++attempts_per_deployment_[taken->deployment];
+  ++attempts_on(taken->deployment);
   tried_in_group_.push_back(taken->deployment);
 
   Attempt attempt;

@@ -1,11 +1,13 @@
 #pragma once
 
 #include <atomic>
+#include <boost/container/small_vector.hpp>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -24,6 +26,9 @@ namespace sluice::router {
 using RandomBits = Xorshift64Star;
 using Micros = std::chrono::microseconds;
 using Millis = std::chrono::milliseconds;
+// A request's lists of deployments are as short as its model's: kept
+// inline, they cost no allocation per request.
+using DeploymentList = boost::container::small_vector<const config::Deployment*, 2>;
 
 struct Attempt {
   const config::Model* model = nullptr;  // the group the deployment belongs to
@@ -92,12 +97,12 @@ class Plan {
   // Chooses in `group` and takes the slot, rpm unit and probe the choice
   // needs; a deployment another request raced us to is excluded and the
   // choice made again.
-  std::optional<Taken> take_in_group(const config::Model& group,
-                                     std::vector<const config::Deployment*> exclude,
+  std::optional<Taken> take_in_group(const config::Model& group, DeploymentList exclude,
                                      bool allow_cooling, TimePoint now);
   std::optional<Millis> hedge_delay(const config::Model& group, DeploymentState& state,
                                     TimePoint now) const;
   Millis backoff_wait(unsigned previous_attempts_on_deployment);
+  unsigned& attempts_on(const config::Deployment* deployment);
   void resolve_groups(const std::vector<std::string>& names);
 
   const Router* router_;
@@ -106,10 +111,11 @@ class Plan {
   RandomBits random_;
   // Groups in the order they are tried: the requested model, then its
   // fallbacks (or context-window fallbacks once one is needed).
-  std::vector<const config::Model*> groups_;
+  boost::container::small_vector<const config::Model*, 2> groups_;
   std::size_t group_index_ = 0;
-  std::vector<const config::Deployment*> tried_in_group_;
-  std::unordered_map<const config::Deployment*, unsigned> attempts_per_deployment_;
+  DeploymentList tried_in_group_;
+  boost::container::small_vector<std::pair<const config::Deployment*, unsigned>, 2>
+      attempts_per_deployment_;
   const config::Deployment* last_failed_ = nullptr;
   bool last_failed_timed_out_ = false;
   std::optional<Millis> pending_retry_after_;
@@ -134,7 +140,7 @@ class Router {
   // Chooses among the usable deployments of a group by its strategy.
   // Exposed for tests; `exclude` are skipped.
   const config::Deployment* choose(const config::Model& group, bool stream,
-                                   const std::vector<const config::Deployment*>& exclude,
+                                   std::span<const config::Deployment* const> exclude,
                                    TimePoint now, RandomBits& random) const;
 
  private:
@@ -146,7 +152,7 @@ class Router {
     bool despite_cooldown = false;
   };
   Choice choose_among(const config::Model& group, bool stream,
-                      const std::vector<const config::Deployment*>& exclude, TimePoint now,
+                      std::span<const config::Deployment* const> exclude, TimePoint now,
                       RandomBits& random, bool allow_cooling) const;
 
   std::shared_ptr<const config::Config> config_;
