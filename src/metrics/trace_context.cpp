@@ -27,12 +27,21 @@ bool parse_hex(std::string_view text, std::array<std::uint8_t, N>& bytes) {
   return true;
 }
 
+// Writes 2 * N digits at `out`.
 template <std::size_t N>
-void append_hex(std::string& out, const std::array<std::uint8_t, N>& bytes) {
+char* write_hex(char* out, const std::array<std::uint8_t, N>& bytes) {
   for (std::uint8_t byte : bytes) {
-    out += kHexDigits[byte >> 4];
-    out += kHexDigits[byte & 0x0f];
+    *out++ = kHexDigits[byte >> 4];
+    *out++ = kHexDigits[byte & 0x0f];
   }
+  return out;
+}
+
+template <std::size_t N>
+std::string hex(const std::array<std::uint8_t, N>& bytes) {
+  std::string out(2 * N, '\0');
+  write_hex(out.data(), bytes);
+  return out;
 }
 
 template <std::size_t N>
@@ -56,27 +65,18 @@ constexpr std::size_t kVersion00Length = 55;  // 2 + 1 + 32 + 1 + 16 + 1 + 2
 
 }  // namespace
 
-std::string TraceContext::trace_id_hex() const {
-  std::string out;
-  append_hex(out, trace_id);
-  return out;
-}
+std::string TraceContext::trace_id_hex() const { return hex(trace_id); }
 
-std::string TraceContext::parent_id_hex() const {
-  std::string out;
-  append_hex(out, parent_id);
-  return out;
-}
+std::string TraceContext::parent_id_hex() const { return hex(parent_id); }
 
 std::string TraceContext::traceparent() const {
-  std::string out;
-  out.reserve(kVersion00Length);
-  out += "00-";
-  append_hex(out, trace_id);
-  out += '-';
-  append_hex(out, parent_id);
-  out += '-';
-  append_hex(out, std::array<std::uint8_t, 1>{flags});
+  std::string out(kVersion00Length, '-');
+  char* at = out.data();
+  *at++ = '0';
+  *at++ = '0';
+  at = write_hex(at + 1, trace_id);
+  at = write_hex(at + 1, parent_id);
+  write_hex(at + 1, std::array<std::uint8_t, 1>{flags});
   return out;
 }
 
