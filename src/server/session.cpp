@@ -112,7 +112,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
   for (bool first = true;; first = false) {
     auto snapshot = gateway.snapshot();
     const auto& limits = snapshot->config->server;
-    http::request_parser<http::string_body> parser;
+    ClientRequestParser parser;
     parser.header_limit(static_cast<std::uint32_t>(limits.max_header_bytes));
     parser.body_limit(limits.max_body_bytes);
 

@@ -12,6 +12,7 @@
 
 #include "sluice/common/clock.hpp"
 #include "sluice/common/errors.hpp"
+#include "sluice/common/recycling_allocator.hpp"
 #include "sluice/common/result.hpp"
 #include "sluice/metrics/access_log.hpp"
 #include "sluice/metrics/gap_tracker.hpp"
@@ -22,7 +23,12 @@
 
 namespace sluice::server {
 
-using ClientRequest = boost::beast::http::request<boost::beast::http::string_body>;
+// Header fields come from the thread's recycled blocks (one per field).
+using ClientRequest =
+    boost::beast::http::request<boost::beast::http::string_body,
+                                boost::beast::http::basic_fields<RecyclingAllocator<char>>>;
+using ClientRequestParser =
+    boost::beast::http::request_parser<boost::beast::http::string_body, RecyclingAllocator<char>>;
 
 // What every stage reads and fills in for one request.
 struct RequestContext {

@@ -12,6 +12,7 @@
 
 #include "sluice/common/clock.hpp"
 #include "sluice/common/errors.hpp"
+#include "sluice/common/recycling_allocator.hpp"
 #include "sluice/common/result.hpp"
 #include "sluice/upstream/connection.hpp"
 #include "sluice/upstream/dns_cache.hpp"
@@ -97,8 +98,11 @@ class AbortHandle {
 // alive — otherwise it is closed.
 class Exchange {
  public:
-  using Parser = boost::beast::http::response_parser<boost::beast::http::buffer_body>;
-  using Head = boost::beast::http::response_header<>;
+  // Header fields come from the thread's recycled blocks (one per field).
+  using Parser = boost::beast::http::response_parser<boost::beast::http::buffer_body,
+                                                     RecyclingAllocator<char>>;
+  using Head = boost::beast::http::response_header<
+      boost::beast::http::basic_fields<RecyclingAllocator<char>>>;
 
   Exchange(Pool& pool, Limits limits, AbortHandle& abort_handle);
   ~Exchange();
