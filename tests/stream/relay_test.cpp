@@ -166,6 +166,10 @@ TEST(RelayUsage, ReadFromTheTailOfAJsonBody) {
         << start;
   }
   EXPECT_FALSE(stream::usage_from_json_tail(R"({"id":"x","choices":[]})"));
+  // The last usage key counts; an escaped one inside a string does not.
+  EXPECT_EQ(stream::usage_from_json_tail(
+                R"({"usage":{"prompt_tokens":1},"x":"\"usage\"","usage":{"prompt_tokens":2}})"),
+            (stream::Usage{2, 0, 2}));
   EXPECT_FALSE(stream::usage_from_json_tail(R"({"usage":{"prompt_tokens":9,)"));
 }
 
