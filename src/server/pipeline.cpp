@@ -792,11 +792,32 @@ struct ProxyJob {
   std::string respliced;
 };
 
-// Everything before the upstream: routes the path, checks the key and the
-// body, shapes, admits, looks in the cache. Returns whether the connection
-// may go on when the request was answered here; nullopt when `job` is ready
-// to go upstream.
-net::awaitable<std::optional<bool>> admit_request(RequestContext& context, ProxyJob& job) {
+// What screen_request decided, before anything is written to the client.
+struct Screening {
+  enum class Verdict { refuse, health, models, proceed };
+  Verdict verdict = Verdict::proceed;
+  std::optional<ApiError> refusal;  // refuse: the answer
+  std::string_view refusal_fields;  // refuse: header lines it carries ("Allow: ...")
+  // proceed: what the cache and the forwarding need.
+  std::string_view endpoint;
+  std::string_view query;
+  std::string_view body;  // as shaped
+  std::optional<RequestBody> inspected;
+};
+
+Screening refuse(ApiError error, std::string_view fields = {}) {
+  Screening screening;
+  screening.verdict = Screening::Verdict::refuse;
+  screening.refusal = std::move(error);
+  screening.refusal_fields = fields;
+  return screening;
+}
+
+// Routes the path, checks the key and the body, shapes and admits, writing
+// nothing: the request is refused, answered by the gateway itself, or goes
+// on to the cache and the upstream. Plain code, so the coroutine that acts
+// on the verdict keeps none of this in its frame.
+Screening screen_request(RequestContext& context, ProxyJob& job) {
   auto& request = context.request;
   std::string_view target(request.target().data(), request.target().size());
   auto query_start = target.find('?');
@@ -807,11 +828,10 @@ net::awaitable<std::optional<bool>> admit_request(RequestContext& context, Proxy
 
   if (path == "/health") {
     if (method != http::verb::get && method != http::verb::head) {
-      co_return co_await respond_error(context,
-                                       ApiError::method_not_allowed(request.method_string(), path),
-                                       "Allow: GET, HEAD\r\n");
+      return refuse(ApiError::method_not_allowed(request.method_string(), path),
+                    "Allow: GET, HEAD\r\n");
     }
-    co_return co_await respond_json(context, 200, R"({"status":"ok"})");
+    return {Screening::Verdict::health};
   }
   const auto& auth = *context.snapshot->auth;
   auto presented_key = auth::extract_presented_key([&](std::string_view name) {
@@ -820,34 +840,30 @@ net::awaitable<std::optional<bool>> admit_request(RequestContext& context, Proxy
   });
   if (path == "/v1/models") {
     if (method != http::verb::get && method != http::verb::head) {
-      co_return co_await respond_error(context,
-                                       ApiError::method_not_allowed(request.method_string(), path),
-                                       "Allow: GET, HEAD\r\n");
+      return refuse(ApiError::method_not_allowed(request.method_string(), path),
+                    "Allow: GET, HEAD\r\n");
     }
-    auto admission = auth.admit({presented_key.value_or(""), "", 0, Clock::now()});
-    admission.append_headers(context.response_fields);
-    context.key = admission.key;
-    if (!admission.allowed()) co_return co_await respond_error(context, *admission.error);
-    bool keep = co_await respond_json(context, 200, models_for(context, admission.key));
-    auth.complete(admission, std::nullopt, Clock::now());
-    co_return keep;
+    job.admission = auth.admit({presented_key.value_or(""), "", 0, Clock::now()});
+    job.admission.append_headers(context.response_fields);
+    context.key = job.admission.key;
+    if (!job.admission.allowed()) return refuse(*job.admission.error);
+    return {Screening::Verdict::models};
   }
   auto endpoint = proxied_endpoint(path);
-  if (!endpoint) co_return co_await respond_error(context, ApiError::unknown_path(path));
+  if (!endpoint) return refuse(ApiError::unknown_path(path));
   if (method != http::verb::post) {
-    co_return co_await respond_error(
-        context, ApiError::method_not_allowed(request.method_string(), path), "Allow: POST\r\n");
+    return refuse(ApiError::method_not_allowed(request.method_string(), path), "Allow: POST\r\n");
   }
 
   // A missing key is refused before the body is looked at; an unknown one
   // when the stage hashes it, below.
   if (auth.enabled() && !presented_key) {
     auto admission = auth.admit({"", "", 0, Clock::now()});
-    co_return co_await respond_error(context, *admission.error);
+    return refuse(*admission.error);
   }
   std::string_view body = request.body();
   auto inspected = inspect_request_body(body);
-  if (!inspected) co_return co_await respond_error(context, inspected.error());
+  if (!inspected) return refuse(inspected.error());
   const auto& model_name = inspected->model;
   context.model = context.snapshot->config->find_model(model_name);
   // Rules and shaping come before admission so that the key is charged for
@@ -868,15 +884,12 @@ net::awaitable<std::optional<bool>> admit_request(RequestContext& context, Proxy
   // little to an operator without knowing whose.
   context.key = job.admission.key;
   context.record.model = model_name;
-  if (!job.admission.allowed()) co_return co_await respond_error(context, *job.admission.error);
-  if (!context.model) {
-    co_return co_await respond_error(context, ApiError::model_not_found(model_name));
-  }
+  if (!job.admission.allowed()) return refuse(*job.admission.error);
+  if (!context.model) return refuse(ApiError::model_not_found(model_name));
   context.stream = inspected->stream;
   if (job.shaped) {
     if (!job.shaped->target) {
-      co_return co_await respond_error(
-          context,
+      return refuse(
           ApiError::invalid_request("No rule of model `" + model_name + "` matches this request.",
                                     "model", "no_matching_rule"));
     }
@@ -895,31 +908,33 @@ net::awaitable<std::optional<bool>> admit_request(RequestContext& context, Proxy
     }
   }
 
-  if (context.model->cache.mode != config::Cache::Mode::off) {
-    auto cached = co_await answer_from_cache(context, *endpoint, *inspected, job.cache_step);
-    if (cached) {
-      // Nothing was spent upstream: the request counts against rpm, its
-      // tokens are not charged.
-      auth.complete(job.admission, 0, Clock::now());
-      co_return *cached;
-    }
-  }
+  Screening screening;
+  screening.endpoint = *endpoint;
+  screening.query = query;
+  screening.body = body;
+  screening.inspected = std::move(*inspected);
+  return screening;
+}
 
-  job.inputs.endpoint = *endpoint;
-  job.inputs.query = query;
+// What the upstream attempts send: the body with the upstream's model
+// spliced in (and sluice's own fields out), and what the relay must strip.
+void prepare_forwarding(RequestContext& context, ProxyJob& job, const Screening& screening) {
+  const auto& inspected = *screening.inspected;
+  job.inputs.endpoint = screening.endpoint;
+  job.inputs.query = screening.query;
   if (job.cache_step.cache) job.inputs.cache_step = &job.cache_step;
   // `cache` is sluice's own field, never sent upstream; a body without it is
   // forwarded as it came.
-  std::string_view forwarded = body;
-  if (inspected->has_cache_field) {
-    auto json = nlohmann::json::parse(body);
+  std::string_view forwarded = screening.body;
+  if (inspected.has_cache_field) {
+    auto json = nlohmann::json::parse(screening.body);
     json.erase("cache");
     job.without_cache_field = json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     forwarded = job.without_cache_field;
   }
   const auto splice = splice_model(
       forwarded, job.respliced,
-      forwarded.data() == request.body().data() ? inspected->model_value : std::nullopt);
+      forwarded.data() == context.request.body().data() ? inspected.model_value : std::nullopt);
   job.inputs.body_prefix = splice.before_model;
   job.inputs.body_suffix = splice.after_model;
   job.inputs.body_closing = splice.closing;
@@ -929,13 +944,48 @@ net::awaitable<std::optional<bool>> admit_request(RequestContext& context, Proxy
   // the upstream for the usage chunk when the client did not, and keep that
   // chunk from the client.
   constexpr std::string_view kIncludeUsage = R"(,"stream_options":{"include_usage":true})";
+  const auto endpoint = screening.endpoint;
   bool wants_usage = ((context.key && context.key->limits.tpm > 0) || job.inputs.cache_step) &&
-                     context.stream && !inspected->has_stream_options &&
-                     (*endpoint == "/chat/completions" || *endpoint == "/completions");
+                     context.stream && !inspected.has_stream_options &&
+                     (endpoint == "/chat/completions" || endpoint == "/completions");
   if (wants_usage) {
     job.inputs.body_addition = kIncludeUsage;
     job.inputs.strip_usage_only_chunks = true;
   }
+}
+
+// Everything before the upstream: screens the request and answers it when
+// the gateway can (refusals, /health, /v1/models, cache hits). Returns
+// whether the connection may go on when it answered; nullopt when `job` is
+// ready to go upstream.
+net::awaitable<std::optional<bool>> admit_request(RequestContext& context, ProxyJob& job) {
+  auto screening = screen_request(context, job);
+  switch (screening.verdict) {
+    case Screening::Verdict::refuse:
+      co_return co_await respond_error(context, *screening.refusal, screening.refusal_fields);
+    case Screening::Verdict::health:
+      co_return co_await respond_json(context, 200, R"({"status":"ok"})");
+    case Screening::Verdict::models: {
+      const auto models = models_for(context, job.admission.key);
+      bool keep = co_await respond_json(context, 200, models);
+      context.snapshot->auth->complete(job.admission, std::nullopt, Clock::now());
+      co_return keep;
+    }
+    case Screening::Verdict::proceed:
+      break;
+  }
+
+  if (context.model->cache.mode != config::Cache::Mode::off) {
+    auto cached = co_await answer_from_cache(context, screening.endpoint, *screening.inspected,
+                                             job.cache_step);
+    if (cached) {
+      // Nothing was spent upstream: the request counts against rpm, its
+      // tokens are not charged.
+      context.snapshot->auth->complete(job.admission, 0, Clock::now());
+      co_return *cached;
+    }
+  }
+  prepare_forwarding(context, job, screening);
   co_return std::nullopt;
 }
 
