@@ -140,10 +140,10 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
 
   // Streams are scanned beside the relay (usage, stripping); a JSON body
   // keeps only its tail for the usage object.
-  std::optional<SseScanner> scanner;
+  scanner_.reset();
   if (event_stream) {
-    scanner.emplace();
-    scanner->set_strip_usage_only_chunks(options.strip_usage_only_chunks);
+    scanner_.emplace();
+    scanner_->set_strip_usage_only_chunks(options.strip_usage_only_chunks);
   }
   std::string tail;
   std::uint64_t body_read = 0;
@@ -163,9 +163,9 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     auto read = co_await exchange.read_body(buffer_.data(), buffer_.size());
     if (!read) {
       outcome.upstream_error = read.error();
-      if (scanner) {
-        outcome.usage = scanner->usage();
-        outcome.events = scanner->events();
+      if (scanner_) {
+        outcome.usage = scanner_->usage();
+        outcome.events = scanner_->events();
       }
       if (outcome.nothing_sent && read.error().failure != upstream::Failure::aborted) {
         // Nothing reached the client: the caller may still fail over.
@@ -175,7 +175,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
           read.error().failure != upstream::Failure::aborted) {
         // A partial event already sent is ended first, so the error event
         // stands on its own.
-        std::string event = scanner->at_event_boundary() ? "" : "\n\n";
+        std::string event = scanner_->at_event_boundary() ? "" : "\n\n";
         event += stream_error_event(
             "The upstream stream was interrupted: " + read.error().describe(),
             read.error().is_timeout() ? "upstream_timeout" : "stream_interrupted");
@@ -187,11 +187,11 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     filled_buffer = n == buffer_.size();
     if (n == 0) {
       report_completion();
-      if (scanner) {
+      if (scanner_) {
         spans_.clear();
-        scanner->finish(spans_);
-        outcome.usage = scanner->usage();
-        outcome.events = scanner->events();
+        scanner_->finish(spans_);
+        outcome.usage = scanner_->usage();
+        outcome.events = scanner_->events();
         outcome.complete = co_await write(spans_, true);
       } else {
         outcome.usage = usage_from_json_tail(tail);
@@ -213,7 +213,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     // reports its end.
     if (!chunked && body_read >= *content_length) report_completion();
     bool written;
-    if (scanner) {
+    if (scanner_) {
       if (options.gaps) {
         auto now = Clock::now();
         options.gaps->on_event(now);
@@ -223,7 +223,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
         }
       }
       spans_.clear();
-      scanner->feed(piece, spans_);
+      scanner_->feed(piece, spans_);
       // A piece that only completed a stripped event leaves nothing to write.
       written = true;
       if (!spans_.empty()) written = co_await write(spans_, false);

@@ -86,6 +86,9 @@ class Relay {
   // Reused for every write, so a stream allocates nothing per chunk.
   std::vector<std::string_view> spans_;
   std::vector<boost::asio::const_buffer> wire_;
+  // A member rather than a local of run(): that keeps run()'s frame under
+  // the size glibc's per-thread cache serves.
+  std::optional<SseScanner> scanner_;
 };
 
 // The usage object near the end of a JSON body, from its last bytes only
