@@ -476,6 +476,9 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
     }
     if (winner->attempt.hedge) context.record.tags.push_back("hedge:won");
     auto& slot = tasks[0].get() == winner ? tasks[0] : tasks[1];
+    // The request went out with the head, and its fields point into this
+    // frame: nothing may read them once the winner leaves it.
+    slot->request = {};
     co_return Picked{std::move(slot), true};
   }
 
