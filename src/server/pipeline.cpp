@@ -208,8 +208,9 @@ struct ProxyInputs {
 
 using StartResult = Result<std::unique_ptr<upstream::Exchange>, upstream::UpstreamError>;
 
-// One upstream attempt, run in a coroutine of its own so that a hedge can
-// race it. Owns everything the request points into until it completes.
+// One upstream attempt: run inline, or in a coroutine of its own when a
+// hedge may race it. Owns the request's target and model literal; the
+// fields and body it points into belong to pick_upstream and the job.
 struct AttemptTask {
   router::Attempt attempt;
   std::string model_literal;
@@ -219,7 +220,6 @@ struct AttemptTask {
   TimePoint started_at{};
   upstream::AbortHandle abort_handle;
   std::optional<StartResult> result;
-  bool launched = false;
   bool running = false;
 
   bool has_usable_head() const { return result && result->ok() && result->value()->status() < 400; }
@@ -255,7 +255,7 @@ void prepare_attempt(const RequestContext& context, const ProxyInputs& inputs, A
 void launch(RequestContext& context, const ProxyInputs& inputs, AttemptTask& task,
             const router::Attempt& attempt, stream::ClientWatch& watch, net::steady_timer& wakeup) {
   prepare_attempt(context, inputs, task, attempt);
-  task.launched = task.running = true;
+  task.running = true;
   watch.watch(&task.abort_handle);
   // The snapshot the request holds keeps the origin alive for the attempt.
   net::co_spawn(context.client.get_executor(),
