@@ -105,7 +105,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
   std::vector<char> relay_buffer(stream::Relay::kFirstReadSize);
   // The request reads' deadline; the stream's own expiry serves its writes.
   SocketDeadline read_deadline(client.socket());
-  stream::ClientWatch watch(client.socket());
+  stream::ClientWatch watch(client.socket(), buffer);
   ClientConnection tracked{&client.socket()};
   worker.track(&tracked);
 
@@ -121,7 +121,24 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
                                                            : limits.keepalive_timeout);
     tracked.idle = buffer.size() == 0;
     if (tracked.idle && gateway.draining()) break;
-    auto head_ec = co_await read_http(client.socket(), buffer, parser, false, read_deadline);
+    // The watch of the last request may still be reading what comes next.
+    error_code head_ec;
+    if (watch.reading()) {
+      // Bytes of the next request came with the last one: parse them first
+      // instead of waiting for more.
+      const bool pipelined = buffer.size() > 0;
+      if (pipelined) watch.cancel();
+      auto [taken] = co_await watch.async_take_read(as_tuple(use_awaitable));
+      head_ec = taken;
+      if (pipelined && head_ec == net::error::operation_aborted) head_ec = {};
+    } else {
+      head_ec = watch.take_read_result();
+    }
+    head_ec = read_deadline.translate(head_ec);
+    if (head_ec == net::error::eof) head_ec = http::error::end_of_stream;
+    if (!head_ec) {
+      head_ec = co_await read_http(client.socket(), buffer, parser, false, read_deadline);
+    }
     tracked.idle = false;
     if (head_ec) {
       co_await answer_unreadable(client, head_ec, limits);
@@ -145,9 +162,13 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     read_deadline.expires_never();
 
     auto& request = parser.get();
-    RequestContext context{
-        worker, snapshot,     request, client,
-        buffer, relay_buffer, watch,   request.keep_alive() && !gateway.draining()};
+    RequestContext context{worker,
+                           snapshot,
+                           request,
+                           client,
+                           relay_buffer,
+                           watch,
+                           request.keep_alive() && !gateway.draining()};
     context.request_id = request_id_for(request, worker);
     context.head_started = head_started;
     context.body_read = Clock::now();
@@ -157,6 +178,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
   }
 
   worker.untrack(&tracked);
+  watch.cancel();
   co_await close_gracefully(client);
   gateway.open_connections().fetch_sub(1, std::memory_order_relaxed);
 }

@@ -1,56 +1,81 @@
 #include "sluice/stream/client_watch.hpp"
 
+#include <boost/beast/core/read_size.hpp>
+
 namespace sluice::stream {
 
 namespace net = boost::asio;
 
-ClientWatch::ClientWatch(net::ip::tcp::socket& client) : state_(std::make_shared<State>(client)) {}
+// The read's completion handler. Destroyed without being called (the event
+// loop shut down with the read pending), it lets go of a waiting session:
+// the session's frames own the watch, which owns the state, so a waiter left
+// in the state would keep them all alive.
+class ClientWatch::OnRead {
+ public:
+  explicit OnRead(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  OnRead(OnRead&&) noexcept = default;
+  OnRead& operator=(OnRead&&) noexcept = default;
+  OnRead(const OnRead&) = delete;
+  OnRead& operator=(const OnRead&) = delete;
+  ~OnRead() {
+    if (state_) state_->waiter = nullptr;
+  }
 
-ClientWatch::~ClientWatch() { state_->active = false; }
+  void operator()(error_code ec, std::size_t bytes) {
+    const auto state = std::move(state_);
+    state->reading = false;
+    if (!state->alive) return;
+    if (!ec) state->buffer.commit(bytes);
+    // Bytes are the next request, not a departure: the watch ends there.
+    if (ec && state->active) {
+      state->client_gone = true;
+      for (auto* target : state->targets) {
+        if (target) target->abort();
+      }
+    }
+    if (state->waiter) {
+      Waiter waiter;
+      waiter.swap(state->waiter);
+      std::move(waiter)(ec);
+    } else {
+      state->read_result = ec;
+    }
+  }
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+ClientWatch::ClientWatch(net::ip::tcp::socket& client, boost::beast::flat_buffer& buffer)
+    : state_(std::make_shared<State>(client, buffer)) {}
+
+ClientWatch::~ClientWatch() { state_->alive = false; }
 
 void ClientWatch::start() {
   auto& state = *state_;
-  ++state.generation;
   state.active = true;
   state.client_gone = false;
   state.targets = {};
-  ++state.pending_waits;
-  state.socket.async_wait(net::ip::tcp::socket::wait_read,
-                          [state = state_, generation = state.generation](error_code ec) {
-                            on_readable(state, generation, ec);
-                          });
-}
-
-void ClientWatch::on_readable(const std::shared_ptr<State>& state, std::uint64_t generation,
-                              error_code ec) {
-  --state->pending_waits;
-  if (!state->active || generation != state->generation) return;
-  // Readable with nothing to read is the end of the connection (or a reset);
-  // readable with bytes is a pipelined request, left for the session.
-  if (!ec) {
-    const std::size_t pending = state->socket.available(ec);
-    if (!ec && pending == 0) ec = net::error::eof;
+  if (state.read_result) {
+    state.client_gone = true;  // the last read ended the connection, unclaimed
+    return;
   }
-  if (!ec) return;
-  state->client_gone = true;
-  for (auto* target : state->targets) {
-    if (target) target->abort();
-  }
+  if (state.reading) return;
+  const std::size_t size = boost::beast::read_size(state.buffer, 65536);
+  if (size == 0) return;  // a full buffer: the next request is in it already
+  state.reading = true;
+  state.socket.async_read_some(state.buffer.prepare(size), OnRead(state_));
 }
 
 void ClientWatch::stop() {
-  auto& state = *state_;
-  state.active = false;
-  state.targets = {};
-  // Left pending, the wait would complete together with the session's read
-  // of the next request and, being first in line, push that read's
-  // completion to a later turn of the event loop: the next request would
-  // wait for it. Cancelled now, its completion runs while the connection is
-  // idle.
-  if (state.pending_waits > 0) {
-    error_code ignored;
-    state.socket.cancel(ignored);
-  }
+  state_->active = false;
+  state_->targets = {};
+}
+
+void ClientWatch::cancel() {
+  if (!state_->reading) return;
+  error_code ignored;
+  state_->socket.cancel(ignored);
 }
 
 void ClientWatch::watch(upstream::AbortHandle* handle) {

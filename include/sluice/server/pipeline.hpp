@@ -36,9 +36,8 @@ struct RequestContext {
   std::shared_ptr<const Snapshot> snapshot;
   ClientRequest& request;
   boost::beast::tcp_stream& client;
-  boost::beast::flat_buffer& client_buffer;  // may hold the next pipelined request
-  std::vector<char>& relay_buffer;           // reused by every request on the connection
-  stream::ClientWatch& watch;                // the connection's, started for each proxied request
+  std::vector<char>& relay_buffer;  // reused by every request on the connection
+  stream::ClientWatch& watch;       // the connection's, started for each proxied request
   bool keep_alive = true;
 
   std::string request_id{};
