@@ -8,7 +8,6 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <charconv>
 #include <nlohmann/json.hpp>
 
 #include "sluice/common/eager_write.hpp"
@@ -87,16 +86,6 @@ std::string forwarded_fields(const ClientRequest& request, std::string_view requ
   fields.append("x-request-id: ").append(request_id).append("\r\n");
   fields.append("traceparent: ").append(traceparent).append("\r\n");
   return fields;
-}
-
-std::optional<std::chrono::milliseconds> retry_after(const upstream::Exchange& exchange) {
-  auto it = exchange.head().find(http::field::retry_after);
-  if (it == exchange.head().end()) return std::nullopt;
-  auto value = it->value();
-  unsigned seconds = 0;
-  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds);
-  if (ec != std::errc()) return std::nullopt;
-  return std::chrono::seconds(seconds);
 }
 
 constexpr std::size_t kMaxErrorBody = 256 * 1024;
@@ -315,9 +304,9 @@ net::awaitable<FailedAttempt> settle_failure(RequestContext& context, router::Pl
       attempt_record(deployment, exchange, "http_" + std::to_string(failed.status)));
   failed.body = co_await read_error_body(exchange, context.relay_buffer);
   redact(failed.body, deployment.api_key);
-  auto content_type = exchange.head()[http::field::content_type];
+  auto content_type = exchange.content_type();
   failed.content_type = content_type.empty() ? "application/json" : std::string(content_type);
-  failed.retry_after = retry_after(exchange);
+  failed.retry_after = exchange.retry_after();
   failed.kind = router::classify_status(failed.status, failed.body);
   auto ttft = std::chrono::duration_cast<router::Micros>(exchange.timing().first_byte -
                                                          exchange.timing().sent);
@@ -634,7 +623,7 @@ net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& cont
     if (exchange.status() >= 400) {
       co_await read_body_into(exchange, context.relay_buffer, kMaxErrorBody, body);
       auto kind = router::classify_status(exchange.status(), body);
-      plan.report(*attempt, {kind, false, ttft, retry_after(exchange)}, Clock::now());
+      plan.report(*attempt, {kind, false, ttft, exchange.retry_after()}, Clock::now());
       failure = "deployment " + deployment.id + " answered " + std::to_string(exchange.status());
       if (kind == router::ResultKind::client_error || !plan.can_retry()) break;
       continue;

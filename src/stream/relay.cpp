@@ -90,12 +90,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
 
   HeadWriter head(head_);
   head.status_line(exchange.status());
-  for (const auto& field : exchange.head()) {
-    auto name = field.name_string();
-    if (is_hop_by_hop_header(std::string_view(name.data(), name.size()))) continue;
-    head.field(std::string_view(name.data(), name.size()),
-               std::string_view(field.value().data(), field.value().size()));
-  }
+  head.raw_fields(exchange.forwarded_fields());
   head.raw_fields(head_fields);
   if (chunked) {
     head.field("Transfer-Encoding", "chunked");

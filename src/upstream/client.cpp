@@ -96,13 +96,6 @@ Exchange::~Exchange() {
   }
 }
 
-bool Exchange::is_event_stream() const {
-  auto it = head().find(http::field::content_type);
-  if (it == head().end()) return false;
-  auto value = it->value();
-  return value.size() >= 17 && iequals(std::string_view(value.data(), 17), "text/event-stream");
-}
-
 void Exchange::abort() {
   failed_ = true;
   if (connection_) connection_->close();
@@ -129,10 +122,9 @@ UpstreamError Exchange::classify(const error_code& ec, bool expecting_head) cons
 net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* data,
                                                                        std::size_t capacity) {
   auto& buffered = connection_->read_buffer();
-  auto& body = parser_->get().body();
-  body.data = data;
-  body.size = capacity;
-  auto produced = [&] { return capacity - body.size; };
+  parser_->set_body_buffer(data, capacity);
+  auto produced = [&] { return capacity - parser_->body_space_left(); };
+  auto space_left = [&] { return parser_->body_space_left() > 0; };
   while (!parser_->is_done()) {
     if (buffered.size() > 0) {
       // Bytes that came with the head (often the whole body) or with the
@@ -147,7 +139,7 @@ net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* dat
         co_return classify(ec, false);
       }
       // Pieces that arrived together (chunks, events) leave as one write.
-      if (used > 0 && buffered.size() > 0 && body.size > 0) continue;
+      if (used > 0 && buffered.size() > 0 && space_left()) continue;
       if (produced() > 0 || parser_->is_done()) break;
     }
     const auto read_deadline = std::min(Clock::now() + limits_.idle, limits_.deadline);

@@ -2,6 +2,8 @@
 // cancellation, rewriting and every error the gateway answers itself.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <boost/beast/core/string.hpp>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -52,8 +54,8 @@ TEST(Proxy, WholeStreamIsRelayedIntactAndEndsWithDone) {
   auto upstream = start_mock(behaviour);
   TestGateway gateway(one_model(upstream->base_url()));
 
-  auto response = http_request(gateway.port(), "POST", "/v1/chat/completions",
-                               chat_body("chat", true));
+  auto response =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
   ASSERT_EQ(response.status, 200u);
   auto events = sse_data(response.body);
   ASSERT_EQ(events.size(), 22u);  // 20 tokens, the finish chunk, [DONE]
@@ -125,6 +127,37 @@ TEST(Proxy, ClientDisconnectWhileWaitingForFirstByteCancelsUpstream) {
   EXPECT_LT(Clock::now() - closed_at, 100ms);
 }
 
+// The upstream's own fields reach the client; its framing and hop-by-hop
+// fields do not, since the gateway frames the answer itself.
+TEST(Proxy, UpstreamEndToEndFieldsReachTheClientOnce) {
+  auto upstream = start_mock();
+  TestGateway gateway(one_model(upstream->base_url()));
+  HttpConnection client(gateway.port());
+  auto count = [](const HttpResponse& response, std::string_view name) {
+    return std::count_if(response.headers.begin(), response.headers.end(), [&](const auto& field) {
+      return boost::beast::iequals(field.first, name);
+    });
+  };
+  for (bool stream : {false, true}) {
+    auto response = client.request("POST", "/v1/chat/completions", chat_body("chat", stream));
+    ASSERT_EQ(response.status, 200u) << response.body;
+    EXPECT_EQ(response.header("Server"), "sluice-mock");
+    EXPECT_EQ(count(response, "Server"), 1);
+    EXPECT_EQ(count(response, "Content-Type"), 1);
+    EXPECT_EQ(count(response, "Connection"), 0);  // the mock's keep-alive is its own
+    if (stream) {
+      EXPECT_EQ(response.header("Content-Type"), "text/event-stream");
+      EXPECT_EQ(response.header("Cache-Control"), "no-cache");
+      EXPECT_EQ(count(response, "Transfer-Encoding"), 1);
+      EXPECT_EQ(count(response, "Content-Length"), 0);
+    } else {
+      EXPECT_EQ(response.header("Content-Type"), "application/json");
+      EXPECT_EQ(count(response, "Content-Length"), 1);
+      EXPECT_EQ(response.header("Content-Length"), std::to_string(response.body.size()));
+    }
+  }
+}
+
 TEST(Proxy, RewritesModelAndCredentialsAndDropsHopByHopHeaders) {
   auto upstream = start_mock();
   TestGateway gateway(
@@ -156,8 +189,9 @@ TEST(Proxy, RewritesModelAndCredentialsAndDropsHopByHopHeaders) {
   EXPECT_EQ(seen.header("openai-organization").value_or(""), "org-7");
   EXPECT_EQ(seen.header("x-custom").value_or(""), "kept");
   // Only the model value changed; everything else is byte for byte the client's.
-  EXPECT_EQ(seen.body,
-            R"({"temperature":0.5,"model":"upstream-name","messages":[{"role":"user","content":"x"}]})");
+  EXPECT_EQ(
+      seen.body,
+      R"({"temperature":0.5,"model":"upstream-name","messages":[{"role":"user","content":"x"}]})");
 }
 
 TEST(Proxy, GeneratesRequestIdWhenAbsent) {
@@ -219,10 +253,9 @@ TEST(Proxy, DeadPooledConnectionIsReplacedOnce) {
 
 TEST(Proxy, HealthAndModels) {
   auto upstream = start_mock();
-  TestGateway gateway("models:\n  - name: chat\n    deployments:\n" +
-                      deployment_yaml("d1", upstream->base_url()) +
-                      "  - name: embed\n    deployments:\n" +
-                      deployment_yaml("d2", upstream->base_url()));
+  TestGateway gateway(
+      "models:\n  - name: chat\n    deployments:\n" + deployment_yaml("d1", upstream->base_url()) +
+      "  - name: embed\n    deployments:\n" + deployment_yaml("d2", upstream->base_url()));
   auto health = http_request(gateway.port(), "GET", "/health");
   EXPECT_EQ(health.status, 200u);
   EXPECT_EQ(json::parse(health.body)["status"], "ok");

@@ -2,8 +2,6 @@
 
 #include <array>
 #include <boost/asio/awaitable.hpp>
-#include <boost/beast/http/buffer_body.hpp>
-#include <boost/beast/http/parser.hpp>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -12,12 +10,12 @@
 
 #include "sluice/common/clock.hpp"
 #include "sluice/common/errors.hpp"
-#include "sluice/common/recycling_allocator.hpp"
 #include "sluice/common/result.hpp"
 #include "sluice/upstream/connection.hpp"
 #include "sluice/upstream/dns_cache.hpp"
 #include "sluice/upstream/origin.hpp"
 #include "sluice/upstream/pool.hpp"
+#include "sluice/upstream/response_parser.hpp"
 #include "sluice/upstream/tls_contexts.hpp"
 
 namespace sluice::upstream {
@@ -98,20 +96,17 @@ class AbortHandle {
 // alive — otherwise it is closed.
 class Exchange {
  public:
-  // Header fields come from the thread's recycled blocks (one per field).
-  using Parser = boost::beast::http::response_parser<boost::beast::http::buffer_body,
-                                                     RecyclingAllocator<char>>;
-  using Head = boost::beast::http::response_header<
-      boost::beast::http::basic_fields<RecyclingAllocator<char>>>;
-
   Exchange(Pool& pool, Limits limits, AbortHandle& abort_handle);
   ~Exchange();
   Exchange(const Exchange&) = delete;
   Exchange& operator=(const Exchange&) = delete;
 
-  unsigned status() const { return parser_->get().result_int(); }
-  const Head& head() const { return parser_->get().base(); }
-  bool is_event_stream() const;
+  unsigned status() const { return parser_->status(); }
+  // The response's end-to-end fields as "Name: value\r\n" lines.
+  std::string_view forwarded_fields() const { return parser_->forwarded_fields(); }
+  std::string_view content_type() const { return parser_->content_type(); }
+  bool is_event_stream() const { return parser_->is_event_stream(); }
+  std::optional<std::chrono::seconds> retry_after() const { return parser_->retry_after(); }
   std::optional<std::uint64_t> content_length() const {
     auto length = parser_->content_length();
     return length ? std::optional<std::uint64_t>(*length) : std::nullopt;
@@ -136,7 +131,7 @@ class Exchange {
   Limits limits_;
   AbortHandle& abort_handle_;
   std::unique_ptr<Connection> connection_;
-  std::optional<Parser> parser_;  // fresh for every round of Client::start
+  std::optional<ResponseParser> parser_;  // fresh for every round of Client::start
   Timing timing_;
   bool failed_ = false;
 };

@@ -1,0 +1,78 @@
+#pragma once
+
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/http/basic_parser.hpp>
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "sluice/common/recycling_allocator.hpp"
+
+namespace sluice::upstream {
+
+// Parses an upstream's response with Beast's parser, but builds no field
+// container: the gateway needs only the status, the framing (which Beast
+// tracks itself), the content type, Retry-After, and the end-to-end fields
+// as the lines it forwards to the client. Those lines are kept as received,
+// once, instead of one allocated field each that the relay then walked and
+// wrote out again.
+//
+// The body goes into the caller's buffer, as with Beast's buffer_body: a
+// full buffer stops the parse with need_buffer.
+class ResponseParser final : public boost::beast::http::basic_parser<false> {
+ public:
+  unsigned status() const { return status_; }
+  // "Name: value\r\n" for every field except the hop-by-hop and framing ones
+  // (is_hop_by_hop_header), in the order and spelling received.
+  std::string_view forwarded_fields() const { return {lines_.data(), lines_.size()}; }
+  // The Content-Type value; empty when there is none.
+  std::string_view content_type() const {
+    return forwarded_fields().substr(content_type_at_, content_type_size_);
+  }
+  bool is_event_stream() const;
+  // Retry-After in delta-seconds; nullopt when absent or a date.
+  std::optional<std::chrono::seconds> retry_after() const { return retry_after_; }
+
+  // Where the next body bytes go; what is left of it after a put.
+  void set_body_buffer(char* data, std::size_t capacity) {
+    body_data_ = data;
+    body_space_ = capacity;
+  }
+  std::size_t body_space_left() const { return body_space_; }
+
+ private:
+  using Lines = std::basic_string<char, std::char_traits<char>, RecyclingAllocator<char>>;
+
+  void on_request_impl(boost::beast::http::verb method, boost::beast::string_view method_text,
+                       boost::beast::string_view target, int version,
+                       boost::beast::error_code& ec) override;
+  void on_response_impl(int code, boost::beast::string_view reason, int version,
+                        boost::beast::error_code& ec) override;
+  void on_field_impl(boost::beast::http::field name, boost::beast::string_view name_text,
+                     boost::beast::string_view value, boost::beast::error_code& ec) override;
+  void on_header_impl(boost::beast::error_code& ec) override;
+  void on_body_init_impl(const boost::optional<std::uint64_t>& content_length,
+                         boost::beast::error_code& ec) override;
+  std::size_t on_body_impl(boost::beast::string_view body, boost::beast::error_code& ec) override;
+  void on_chunk_header_impl(std::uint64_t size, boost::beast::string_view extensions,
+                            boost::beast::error_code& ec) override;
+  std::size_t on_chunk_body_impl(std::uint64_t remain, boost::beast::string_view body,
+                                 boost::beast::error_code& ec) override;
+  void on_finish_impl(boost::beast::error_code& ec) override;
+
+  Lines lines_;
+  std::size_t content_type_at_ = 0;
+  std::size_t content_type_size_ = 0;
+  std::optional<std::chrono::seconds> retry_after_;
+  char* body_data_ = nullptr;
+  std::size_t body_space_ = 0;
+  unsigned status_ = 0;
+};
+
+// Whether a field Beast recognised is hop-by-hop or framing; the same set as
+// is_hop_by_hop_header, by the parser's own lookup of the name.
+bool is_hop_by_hop_field(boost::beast::http::field name);
+
+}  // namespace sluice::upstream
