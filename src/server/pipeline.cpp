@@ -277,10 +277,11 @@ struct FailedAttempt {
 };
 
 // Classifies a finished attempt that produced no usable head and reports it
-// to the plan.
-net::awaitable<FailedAttempt> settle_failure(RequestContext& context, router::Plan& plan,
-                                             AttemptTask& task) {
-  FailedAttempt failed;
+// to the plan; `failed` is what it left. (Filled in place: an awaited result
+// would take a second slot in the caller's frame.)
+net::awaitable<void> settle_failure(RequestContext& context, router::Plan& plan, AttemptTask& task,
+                                    FailedAttempt& failed) {
+  failed = {};
   const auto& deployment = *task.attempt.deployment;
   context.deployment_id = deployment.id;
   auto& result = *task.result;
@@ -296,7 +297,7 @@ net::awaitable<FailedAttempt> settle_failure(RequestContext& context, router::Pl
     std::string message = "Upstream deployment " + deployment.id + " failed: " + error.describe();
     failed.gateway_error = error.is_timeout() ? ApiError::upstream_timeout(std::move(message))
                                               : ApiError::upstream_unreachable(std::move(message));
-    co_return failed;
+    co_return;
   }
   auto& exchange = *result.value();
   failed.status = exchange.status();
@@ -313,7 +314,6 @@ net::awaitable<FailedAttempt> settle_failure(RequestContext& context, router::Pl
   plan.report(task.attempt, {failed.kind, false, ttft, failed.retry_after}, Clock::now());
   spdlog::debug("request {}: deployment {} answered {}", context.request_id, deployment.id,
                 failed.status);
-  co_return failed;
 }
 
 net::awaitable<bool> respond_failure(RequestContext& context, const FailedAttempt& failed) {
@@ -327,6 +327,20 @@ net::awaitable<bool> respond_failure(RequestContext& context, const FailedAttemp
                                     extra);
 }
 
+// No attempt produced a usable head: the client gets the last failure, or,
+// when no attempt could be made, an overload error. A coroutine of its own,
+// so that pick_upstream's frame does not carry the answers' slots.
+net::awaitable<bool> answer_without_winner(RequestContext& context,
+                                           const FailedAttempt* last_failure) {
+  if (last_failure) co_return co_await respond_failure(context, *last_failure);
+  // Every deployment is at its limits.
+  co_return co_await respond_error(
+      context,
+      ApiError::overloaded("No deployment of model `" + context.model->name +
+                           "` can take the request now (all at max_parallel or rpm)."),
+      "Retry-After: 1\r\n");
+}
+
 // The attempt whose head the client will get; it outlives the race that
 // chose it, so the race's state is gone while the body is relayed.
 struct Picked {
@@ -334,26 +348,101 @@ struct Picked {
   bool keep = false;  // without a winner: whether the connection may go on
 };
 
+// The fields the attempts forward: the client's own, its request id, and
+// the next hop of its trace.
+std::string forwarded_fields_for(RequestContext& context) {
+  auto next_random = [&worker = context.worker] { return worker.next_random(); };
+  return forwarded_fields(context.request, context.request_id,
+                          metrics::next_hop(context.trace, next_random).traceparent());
+}
+
+// Launches the plan's hedge into `slot`, if it has one now.
+void launch_hedge(RequestContext& context, const ProxyInputs& inputs, router::Plan& plan,
+                  std::unique_ptr<AttemptTask>& slot, stream::ClientWatch& watch,
+                  net::steady_timer& wakeup) {
+  auto hedge = plan.next_hedge(Clock::now());
+  if (!hedge) return;
+  ++context.attempts;
+  slot = std::make_unique<AttemptTask>();
+  launch(context, inputs, *slot, *hedge, watch, wakeup);
+}
+
+// The primary attempt and at most one hedge, racing for the first byte; a
+// slot is filled when its attempt is launched. The helpers below keep their
+// loops out of pick_upstream's frame, where every local of a coroutine takes
+// a slot of its own.
+using Race = std::array<std::unique_ptr<AttemptTask>, 2>;
+
+bool any_running(const Race& tasks) {
+  return std::any_of(tasks.begin(), tasks.end(),
+                     [](const auto& task) { return task && task->running; });
+}
+
+AttemptTask* finished_with_usable_head(const Race& tasks) {
+  for (const auto& task : tasks) {
+    if (task && !task->running && task->has_usable_head()) return task.get();
+  }
+  return nullptr;
+}
+
+void stop_losers(Race& tasks, const AttemptTask* winner) {
+  for (auto& task : tasks) {
+    if (task && task.get() != winner && task->running) task->abort_handle.abort();
+  }
+}
+
+void abandon_all(Race& tasks, router::Plan& plan) {
+  for (auto& task : tasks) {
+    if (task) plan.abandon(task->attempt);
+  }
+}
+
+// Reports the winner to the plan and the access log, and takes it out of the
+// race.
+std::unique_ptr<AttemptTask> take_winner(RequestContext& context, router::Plan& plan, Race& tasks,
+                                         AttemptTask* winner) {
+  const auto& exchange = *winner->result->value();
+  const auto& deployment = *winner->attempt.deployment;
+  context.deployment_id = deployment.id;
+  auto ttft = std::chrono::duration_cast<router::Micros>(exchange.timing().first_byte -
+                                                         exchange.timing().sent);
+  plan.report(winner->attempt, {router::ResultKind::success, false, ttft, std::nullopt},
+              Clock::now());
+  context.answered = &deployment;
+  context.record.deployment = deployment.id;
+  context.record.attempts.push_back(attempt_record(deployment, exchange, "ok"));
+  for (const auto& task : tasks) {
+    if (task && task.get() != winner && task->abort_handle.aborted()) {
+      context.record.attempts.push_back({task->attempt.deployment->id, "lost_hedge", std::nullopt,
+                                         std::nullopt, std::nullopt, false});
+    }
+  }
+  if (winner->attempt.hedge) context.record.tags.push_back("hedge:won");
+  auto& slot = tasks[0].get() == winner ? tasks[0] : tasks[1];
+  // The request went out with the head, and its fields point into
+  // pick_upstream's frame: nothing may read them once the winner leaves it.
+  slot->request = {};
+  return std::move(slot);
+}
+
 // Runs the plan's attempts (with their hedges) until one produces a usable
 // head, and reports that to the plan. Without one, the client gets the last
 // failure or an overload error here, unless it is gone.
 net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs,
                                      router::Plan& plan, stream::ClientWatch& watch) {
   // Built here so that it is gone while the answer is relayed.
-  auto next_random = [&worker = context.worker] { return worker.next_random(); };
-  const std::string forward_fields =
-      forwarded_fields(context.request, context.request_id,
-                       metrics::next_hop(context.trace, next_random).traceparent());
+  const std::string forward_fields = forwarded_fields_for(context);
   inputs.forward_fields = forward_fields;
-  auto executor = context.client.get_executor();
-  net::steady_timer wakeup(executor);
-  std::optional<FailedAttempt> last_failure;
+  net::steady_timer wakeup(context.client.get_executor());
+  // On the heap: rare, and large for a frame that every request allocates.
+  std::unique_ptr<FailedAttempt> last_failure;
 
   while (auto attempt = plan.next(Clock::now())) {
     ++context.attempts;
     if (attempt->wait > 0ms) {
-      net::steady_timer pause(executor, attempt->wait);
-      co_await pause.async_wait(as_tuple(use_awaitable));
+      // No attempt runs yet: the race's timer serves for the pause.
+      wakeup.expires_after(attempt->wait);
+      co_await wakeup.async_wait(as_tuple(use_awaitable));
       if (watch.client_gone()) {
         plan.abandon(*attempt);
         co_return Picked{};
@@ -362,7 +451,7 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
 
     // The primary attempt and at most one hedge race for the first byte;
     // a slot is filled when its attempt is launched.
-    std::array<std::unique_ptr<AttemptTask>, 2> tasks;
+    Race tasks;
     tasks[0] = std::make_unique<AttemptTask>();
     AttemptTask* winner = nullptr;
     std::optional<TimePoint> hedge_at;
@@ -380,39 +469,23 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
       launch(context, inputs, *tasks[0], *attempt, watch, wakeup);
       hedge_at = tasks[0]->started_at + *attempt->hedge_after;
     }
-    auto any_running = [&tasks] {
-      return std::any_of(tasks.begin(), tasks.end(),
-                         [](const auto& task) { return task && task->running; });
-    };
-
     while (!winner) {
-      for (auto& task : tasks) {
-        if (task && !task->running && task->has_usable_head()) {
-          winner = task.get();
-          break;
-        }
-      }
-      if (winner || !any_running()) break;
+      winner = finished_with_usable_head(tasks);
+      if (winner || !any_running(tasks)) break;
       wakeup.expires_at(hedge_at ? *hedge_at : TimePoint::max());
       co_await wakeup.async_wait(as_tuple(use_awaitable));
       if (hedge_at && Clock::now() >= *hedge_at) {
         hedge_at.reset();
         if (tasks[0]->running && !watch.client_gone()) {
-          if (auto hedge = plan.next_hedge(Clock::now())) {
-            ++context.attempts;
-            tasks[1] = std::make_unique<AttemptTask>();
-            launch(context, inputs, *tasks[1], *hedge, watch, wakeup);
-          }
+          launch_hedge(context, inputs, plan, tasks[1], watch, wakeup);
         }
       }
     }
 
     // Stop the loser, if still running, and wait until its coroutine is done
     // with the task's storage.
-    for (auto& task : tasks) {
-      if (task && task.get() != winner && task->running) task->abort_handle.abort();
-    }
-    while (any_running()) {
+    stop_losers(tasks, winner);
+    while (any_running(tasks)) {
       wakeup.expires_at(TimePoint::max());
       co_await wakeup.async_wait(as_tuple(use_awaitable));
     }
@@ -421,16 +494,15 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
     }
 
     if (watch.client_gone()) {
-      for (auto& task : tasks) {
-        if (task) plan.abandon(task->attempt);
-      }
+      abandon_all(tasks, plan);
       co_return Picked{};
     }
 
     // Failed attempts count against their deployment, except one aborted
     // because the other won.
     bool answer_now = false;
-    for (auto& task : tasks) {
+    for (std::size_t i = 0; i < tasks.size(); ++i) {
+      auto& task = tasks[i];
       if (!task || task.get() == winner) continue;
       bool lost_race = winner && task->abort_handle.aborted();
       bool superseded = winner && task->result && task->result->ok() && task->has_usable_head();
@@ -438,7 +510,8 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
         plan.abandon(task->attempt);
         continue;
       }
-      last_failure = co_await settle_failure(context, plan, *task);
+      if (!last_failure) last_failure = std::make_unique<FailedAttempt>();
+      co_await settle_failure(context, plan, *task, *last_failure);
       if (watch.client_gone()) co_return Picked{};
       if (last_failure->kind == router::ResultKind::client_error) answer_now = true;
     }
@@ -447,41 +520,11 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
       continue;
     }
 
-    const auto& exchange = *winner->result->value();
-    const auto& deployment = *winner->attempt.deployment;
-    context.deployment_id = deployment.id;
-    auto ttft = std::chrono::duration_cast<router::Micros>(exchange.timing().first_byte -
-                                                           exchange.timing().sent);
-    plan.report(winner->attempt, {router::ResultKind::success, false, ttft, std::nullopt},
-                Clock::now());
-    context.answered = &deployment;
-    context.record.deployment = deployment.id;
-    context.record.attempts.push_back(attempt_record(deployment, exchange, "ok"));
-    for (const auto& task : tasks) {
-      if (task && task.get() != winner && task->abort_handle.aborted()) {
-        context.record.attempts.push_back({task->attempt.deployment->id, "lost_hedge", std::nullopt,
-                                           std::nullopt, std::nullopt, false});
-      }
-    }
-    if (winner->attempt.hedge) context.record.tags.push_back("hedge:won");
-    auto& slot = tasks[0].get() == winner ? tasks[0] : tasks[1];
-    // The request went out with the head, and its fields point into this
-    // frame: nothing may read them once the winner leaves it.
-    slot->request = {};
-    co_return Picked{std::move(slot), true};
+    co_return Picked{take_winner(context, plan, tasks, winner), true};
   }
 
   if (watch.client_gone()) co_return Picked{};
-  if (last_failure) {
-    bool keep = co_await respond_failure(context, *last_failure);
-    co_return Picked{nullptr, keep};
-  }
-  // No attempt could be made: every deployment is at its limits.
-  bool keep = co_await respond_error(
-      context,
-      ApiError::overloaded("No deployment of model `" + context.model->name +
-                           "` can take the request now (all at max_parallel or rpm)."),
-      "Retry-After: 1\r\n");
+  bool keep = co_await answer_without_winner(context, last_failure.get());
   co_return Picked{nullptr, keep};
 }
 
