@@ -141,6 +141,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     scanner_->set_strip_usage_only_chunks(options.strip_usage_only_chunks);
   }
   std::string tail;
+  std::optional<Usage> json_usage;  // a JSON body's, once its end has been seen
   std::uint64_t body_read = 0;
   bool completion_reported = false;
   auto report_completion = [&] {
@@ -189,7 +190,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
         outcome.events = scanner_->events();
         outcome.complete = co_await write(spans_, true);
       } else {
-        outcome.usage = usage_from_json_tail(tail);
+        outcome.usage = json_usage ? json_usage : usage_from_json_tail(tail);
         outcome.complete = co_await write_one({}, true);
       }
       co_return outcome;
@@ -222,6 +223,11 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
       // A piece that only completed a stripped event leaves nothing to write.
       written = true;
       if (!spans_.empty()) written = co_await write(spans_, false);
+    } else if (!chunked && body_read >= *content_length && tail.empty()) {
+      // The whole body in one piece (the usual case): its usage is read
+      // where it lies, before the next read reuses the buffer.
+      written = co_await write_one(piece, false);
+      json_usage = usage_from_json_tail(piece);
     } else {
       keep_tail(tail, piece);
       written = co_await write_one(piece, false);
