@@ -788,7 +788,12 @@ void account(RequestContext& context, bool client_gone) {
         context.request_id, to_ms(context.gateway_time),
         context.upstream_ttfb ? std::to_string(to_ms(*context.upstream_ttfb)) : "-", to_ms(total));
   }
-  context.worker.gateway().access_log().write(record);
+  auto& access_log = context.worker.gateway().access_log();
+  if (!access_log.enabled()) return;
+  // Only the log line shows them: copied and formatted only for it.
+  record.request_id = context.request_id;
+  record.trace_id = context.trace.trace_id_hex();
+  access_log.write(record);
 }
 
 }  // namespace
@@ -800,13 +805,11 @@ net::awaitable<bool> Pipeline::handle(RequestContext& context) {
   context.record.timestamp = std::chrono::system_clock::now() -
                              std::chrono::duration_cast<std::chrono::system_clock::duration>(
                                  Clock::now() - context.head_started);
-  context.record.request_id = context.request_id;
   auto next_random = [&worker = context.worker] { return worker.next_random(); };
   auto traceparent = request["traceparent"];
   auto incoming =
       metrics::parse_traceparent(std::string_view(traceparent.data(), traceparent.size()));
   context.trace = incoming ? *incoming : metrics::new_trace_context(next_random);
-  context.record.trace_id = context.trace.trace_id_hex();
   bool keep = co_await serve(context);
   gateway_metrics.requests_in_flight.sub(1);
   account(context, !keep && context.client_gone);
