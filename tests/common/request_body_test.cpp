@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "sluice/common/json_scan.hpp"
 
 namespace sluice {
@@ -191,6 +194,35 @@ TEST(RequestBody, AcceptsAndRefusesAsAStrictJsonParser) {
   EXPECT_FALSE(inspect_request_body(R"({"model":"m"} x)").ok());
   EXPECT_FALSE(inspect_request_body("\xef\xbb{\"model\":\"m\"}").ok());
   EXPECT_TRUE(inspect_request_body("\xef\xbb\xbf {\"model\":\"m\"}").ok());
+}
+
+// Strings are scanned eight bytes at a time while nothing in them needs a
+// closer look: whatever does must be found at every offset of such a word.
+TEST(RequestBody, EveryByteOfALongStringIsChecked) {
+  struct Case {
+    std::string inserted;
+    bool accepted;
+  };
+  const std::vector<Case> cases = {
+      {"\x01", false}, {"\x1f", false},         {"\x7f", true},     {"\\n", true},
+      {"\\\"", true},  {"\\x", false},          {"\xc3\xa9", true}, {"\xe2\x82\xac", true},
+      {"\x80", false}, {"\x9f", false},         {"\xc2\x80", true}, {"\xff", false},
+      {"\xc3", false}, {"\xed\xa0\x80", false}, {"\"", false},  // a quote ends the string early:
+                                                                // what follows is not JSON
+  };
+  for (const auto& test : cases) {
+    for (std::size_t offset = 0; offset < 24; ++offset) {
+      const std::string text =
+          std::string(offset, 'a') + test.inserted + std::string(24 - offset, 'b');
+      const std::string body =
+          R"({"model":"m","messages":[{"role":"user","content":")" + text + R"("}],"stream":true})";
+      auto inspected = inspect_request_body(body);
+      EXPECT_EQ(inspected.ok(), test.accepted) << "offset " << offset << " in " << body;
+      if (inspected.ok()) {
+        EXPECT_TRUE(inspected.value().stream) << body;
+      }
+    }
+  }
 }
 
 TEST(RequestBody, ModelAndKeysAreReadDecoded) {
