@@ -70,14 +70,20 @@ std::string TraceContext::trace_id_hex() const { return hex(trace_id); }
 std::string TraceContext::parent_id_hex() const { return hex(parent_id); }
 
 std::string TraceContext::traceparent() const {
-  std::string out(kVersion00Length, '-');
-  char* at = out.data();
+  std::string out;
+  append_traceparent(out);
+  return out;
+}
+
+void TraceContext::append_traceparent(std::string& out) const {
+  const std::size_t start = out.size();
+  out.resize(start + kVersion00Length, '-');
+  char* at = out.data() + start;
   *at++ = '0';
   *at++ = '0';
   at = write_hex(at + 1, trace_id);
   at = write_hex(at + 1, parent_id);
   write_hex(at + 1, std::array<std::uint8_t, 1>{flags});
-  return out;
 }
 
 std::optional<TraceContext> parse_traceparent(std::string_view value) {

@@ -73,7 +73,7 @@ bool is_withheld_from_upstream(std::string_view name) {
 }
 
 std::string forwarded_fields(const ClientRequest& request, std::string_view request_id,
-                             std::string_view traceparent) {
+                             const metrics::TraceContext& next_hop) {
   std::string fields;
   fields.reserve(512);
   for (const auto& field : request) {
@@ -84,7 +84,9 @@ std::string forwarded_fields(const ClientRequest& request, std::string_view requ
     fields.append(field.value().data(), field.value().size()).append("\r\n");
   }
   fields.append("x-request-id: ").append(request_id).append("\r\n");
-  fields.append("traceparent: ").append(traceparent).append("\r\n");
+  fields.append("traceparent: ");
+  next_hop.append_traceparent(fields);
+  fields.append("\r\n");
   return fields;
 }
 
@@ -353,7 +355,7 @@ struct Picked {
 std::string forwarded_fields_for(RequestContext& context) {
   auto next_random = [&worker = context.worker] { return worker.next_random(); };
   return forwarded_fields(context.request, context.request_id,
-                          metrics::next_hop(context.trace, next_random).traceparent());
+                          metrics::next_hop(context.trace, next_random));
 }
 
 // Launches the plan's hedge into `slot`, if it has one now.

@@ -22,6 +22,16 @@ TEST(TraceContext, ParsesTheSpecExample) {
   EXPECT_EQ(context->traceparent(), kExample);
 }
 
+// Written into a header line being built: after what is there, unchanged.
+TEST(TraceContext, AppendsTraceparentAfterWhatIsThere) {
+  auto parsed = parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+  ASSERT_TRUE(parsed.has_value());
+  std::string line = "traceparent: ";
+  parsed->append_traceparent(line);
+  EXPECT_EQ(line, "traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+  EXPECT_EQ(parsed->traceparent(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+}
+
 TEST(TraceContext, AcceptsValidVariants) {
   // Unsampled, other flag bits (kept as they are), surrounding whitespace.
   EXPECT_EQ(parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")->flags,

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <boost/container/small_vector.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -38,9 +39,9 @@ struct AttemptRecord {
 struct RequestRecord {
   std::chrono::system_clock::time_point timestamp;  // when the request head arrived
   std::string request_id;
-  std::string trace_id;  // 32 hex digits
-  std::string key_name;  // the client's key, by name (never the secret)
-  std::string model;     // the public model name asked for
+  std::string trace_id;   // 32 hex digits
+  std::string key_name;   // the client's key, by name (never the secret)
+  std::string model;      // the public model name asked for
   std::string routed_to;  // the model a rule picked for `model`; empty when none did
   std::string shaped;     // the shaping changes made, as in x-sluice-shaped; empty for none
   bool stream = false;
@@ -49,7 +50,8 @@ struct RequestRecord {
   std::string cache;
   unsigned status = 0;
   std::string deployment;  // the one that answered; empty when none did
-  std::vector<AttemptRecord> attempts;
+  // Inline room for one: nearly every request makes exactly one attempt.
+  boost::container::small_vector<AttemptRecord, 1> attempts;
   std::optional<double> ttft_ms;  // first byte sent to the client
   double total_ms = 0;
   std::uint64_t gateway_overhead_us = 0;

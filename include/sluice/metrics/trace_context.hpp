@@ -23,6 +23,8 @@ struct TraceContext {
   std::string parent_id_hex() const;
   // The traceparent header value, always version 00.
   std::string traceparent() const;
+  // The same, appended to `out`.
+  void append_traceparent(std::string& out) const;
   bool operator==(const TraceContext&) const = default;
 };
 
