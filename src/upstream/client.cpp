@@ -146,8 +146,15 @@ net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* dat
     error_code ec;
     if (auto* socket = connection_->plain_socket()) {
       connection_->read_deadline().expires_at(read_deadline);
-      ec = co_await read_more(*socket, buffered, *parser_, connection_->read_deadline());
-      if (!ec) continue;  // parsed at the top of the loop
+      const std::size_t room = read_room(buffered);
+      if (room == 0) {
+        ec = http::error::buffer_overflow;
+      } else {
+        auto [read_ec, n] =
+            co_await socket->async_read_some(buffered.prepare(room), as_tuple(use_awaitable));
+        ec = settle_read(read_ec, n, buffered, *parser_, connection_->read_deadline());
+        if (!ec) continue;  // parsed at the top of the loop
+      }
     } else {
       connection_->tcp().expires_at(read_deadline);
       auto [tls_ec, unused] =
