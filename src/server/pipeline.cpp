@@ -845,6 +845,12 @@ struct Screening {
   std::optional<RequestBody> inspected;
 };
 
+Screening answered_here(Screening::Verdict verdict) {
+  Screening screening;
+  screening.verdict = verdict;
+  return screening;
+}
+
 Screening refuse(ApiError error, std::string_view fields = {}) {
   Screening screening;
   screening.verdict = Screening::Verdict::refuse;
@@ -871,7 +877,7 @@ Screening screen_request(RequestContext& context, ProxyJob& job) {
       return refuse(ApiError::method_not_allowed(request.method_string(), path),
                     "Allow: GET, HEAD\r\n");
     }
-    return {Screening::Verdict::health};
+    return answered_here(Screening::Verdict::health);
   }
   const auto& auth = *context.snapshot->auth;
   auto presented_key = auth::extract_presented_key([&](std::string_view name) {
@@ -887,7 +893,7 @@ Screening screen_request(RequestContext& context, ProxyJob& job) {
     job.admission.append_headers(context.response_fields);
     context.key = job.admission.key;
     if (!job.admission.allowed()) return refuse(*job.admission.error);
-    return {Screening::Verdict::models};
+    return answered_here(Screening::Verdict::models);
   }
   auto endpoint = proxied_endpoint(path);
   if (!endpoint) return refuse(ApiError::unknown_path(path));

@@ -21,6 +21,13 @@ std::string one_model(const std::string& base_url, const std::string& server = "
          deployment_yaml("d1", base_url, kNoWarmConnections);
 }
 
+mock::Behaviour streaming(std::chrono::milliseconds interval, unsigned tokens) {
+  mock::Behaviour behaviour;
+  behaviour.interval = interval;
+  behaviour.tokens = tokens;
+  return behaviour;
+}
+
 std::string raw_request(const std::string& body, const std::string& request_id) {
   return "POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: "
          "application/json\r\nx-request-id: " +
@@ -78,10 +85,7 @@ TEST(KeepAlive, PipelinedRequestsAreAnsweredInOrder) {
 // the next request, not a sign that the client left, so the stream runs to
 // its end and the next request is answered after it.
 TEST(KeepAlive, RequestSentDuringAStreamIsAnsweredAfterIt) {
-  mock::Behaviour behaviour;
-  behaviour.interval = 40ms;
-  behaviour.tokens = 6;
-  auto upstream = start_mock(behaviour);
+  auto upstream = start_mock(streaming(40ms, 6));
   TestGateway gateway(one_model(upstream->base_url()));
   LeakCheck leaks(gateway);
   {
@@ -127,10 +131,7 @@ TEST(KeepAlive, IdleConnectionIsClosedAfterKeepaliveTimeout) {
 // Between two requests a client may simply go: the connection is closed and
 // nothing of it stays behind, in the gateway or upstream.
 TEST(KeepAlive, ClientLeavingBetweenRequestsLeavesNothingOpen) {
-  mock::Behaviour behaviour;
-  behaviour.interval = 5ms;
-  behaviour.tokens = 4;
-  auto upstream = start_mock(behaviour);
+  auto upstream = start_mock(streaming(5ms, 4));
   TestGateway gateway(one_model(upstream->base_url()));
   LeakCheck leaks(gateway);
   for (int i = 0; i < 20; ++i) {
