@@ -451,8 +451,6 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
       }
     }
 
-    // The primary attempt and at most one hedge race for the first byte;
-    // a slot is filled when its attempt is launched.
     Race tasks;
     tasks[0] = std::make_unique<AttemptTask>();
     AttemptTask* winner = nullptr;

@@ -56,8 +56,8 @@ boost::asio::awaitable<error_code> read_http(boost::asio::ip::tcp::socket& socke
       if (finished()) co_return error_code{};
       if (!ec && used > 0 && buffer.size() > 0) continue;  // the head parsed, now the body
     }
-    // Read here rather than through read_more: one coroutine frame less
-    // per read.
+    // The socket's read is awaited here, not through a coroutine of its
+    // own: that would be one frame more per read.
     const std::size_t size = read_room(buffer);
     if (size == 0) co_return boost::beast::http::error::buffer_overflow;
     auto [read_ec, n] = co_await socket.async_read_some(
