@@ -67,5 +67,16 @@ TEST(ServerTiming, MillisecondsHaveAtMostThreeDecimals) {
   EXPECT_EQ(ms(-5ms), "0");
 }
 
+// The longest value there can be: every entry, each the largest duration.
+TEST(ServerTiming, TheLongestHeaderIsWrittenWhole) {
+  const std::string longest = "9223372036854.776";
+  EXPECT_EQ(ms(Clock::duration::max()), longest);
+  ServerTiming timing{Clock::duration::max(), Clock::duration::max(), Clock::duration::max()};
+  std::string out;
+  render_server_timing(out, timing);
+  EXPECT_EQ(out, "Server-Timing: gateway;dur=" + longest + ", upstream-connect;dur=" + longest +
+                     ", upstream-ttfb;dur=" + longest + "\r\n");
+}
+
 }  // namespace
 }  // namespace sluice::metrics
