@@ -435,7 +435,14 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
   // Built here so that it is gone while the answer is relayed.
   const std::string forward_fields = forwarded_fields_for(context);
   inputs.forward_fields = forward_fields;
-  net::steady_timer wakeup(context.client.get_executor());
+  // The race's timer is made when the race first waits: a request whose only
+  // attempt runs in this coroutine never needs one (making one looks up the
+  // timer service under a lock).
+  std::optional<net::steady_timer> race_timer;
+  auto wakeup = [&]() -> net::steady_timer& {
+    if (!race_timer) race_timer.emplace(context.client.get_executor());
+    return *race_timer;
+  };
   // On the heap: rare, and large for a frame that every request allocates.
   std::unique_ptr<FailedAttempt> last_failure;
 
@@ -443,8 +450,9 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
     ++context.attempts;
     if (attempt->wait > 0ms) {
       // No attempt runs yet: the race's timer serves for the pause.
-      wakeup.expires_after(attempt->wait);
-      co_await wakeup.async_wait(as_tuple(use_awaitable));
+      auto& pause = wakeup();
+      pause.expires_after(attempt->wait);
+      co_await pause.async_wait(as_tuple(use_awaitable));
       if (watch.client_gone()) {
         plan.abandon(*attempt);
         co_return Picked{};
@@ -466,18 +474,19 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
                                                                  task.abort_handle));
       if (task.has_usable_head()) winner = &task;
     } else {
-      launch(context, inputs, *tasks[0], *attempt, watch, wakeup);
+      launch(context, inputs, *tasks[0], *attempt, watch, wakeup());
       hedge_at = tasks[0]->started_at + *attempt->hedge_after;
     }
     while (!winner) {
       winner = finished_with_usable_head(tasks);
       if (winner || !any_running(tasks)) break;
-      wakeup.expires_at(hedge_at ? *hedge_at : TimePoint::max());
-      co_await wakeup.async_wait(as_tuple(use_awaitable));
+      auto& timer = wakeup();
+      timer.expires_at(hedge_at ? *hedge_at : TimePoint::max());
+      co_await timer.async_wait(as_tuple(use_awaitable));
       if (hedge_at && Clock::now() >= *hedge_at) {
         hedge_at.reset();
         if (tasks[0]->running && !watch.client_gone()) {
-          launch_hedge(context, inputs, plan, tasks[1], watch, wakeup);
+          launch_hedge(context, inputs, plan, tasks[1], watch, wakeup());
         }
       }
     }
@@ -486,8 +495,9 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
     // with the task's storage.
     stop_losers(tasks, winner);
     while (any_running(tasks)) {
-      wakeup.expires_at(TimePoint::max());
-      co_await wakeup.async_wait(as_tuple(use_awaitable));
+      auto& timer = wakeup();
+      timer.expires_at(TimePoint::max());
+      co_await timer.async_wait(as_tuple(use_awaitable));
     }
     for (auto& task : tasks) {
       if (task) watch.unwatch(&task->abort_handle);
