@@ -6,6 +6,7 @@
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <charconv>
+#include <cstring>
 #include <span>
 
 #include "sluice/common/eager_write.hpp"
@@ -23,31 +24,37 @@ std::string stream_error_event(std::string_view message, std::string_view code) 
   return "data: " + error.to_json() + "\n\n";
 }
 
-std::optional<Usage> usage_from_json_tail(std::string_view tail) {
-  auto key = tail.rfind("\"usage\"");
-  if (key == std::string_view::npos) return std::nullopt;
-  auto open = tail.find('{', key);
-  if (open == std::string_view::npos) return std::nullopt;
-  int depth = 0;
-  bool in_string = false;
-  for (std::size_t i = open; i < tail.size(); ++i) {
-    char c = tail[i];
-    if (in_string) {
-      if (c == '\\')
-        ++i;
-      else if (c == '"')
-        in_string = false;
-      continue;
-    }
-    if (c == '"')
-      in_string = true;
-    else if (c == '{')
-      ++depth;
-    else if (c == '}' && --depth == 0) {
-      return usage_from_usage_object(tail.substr(open, i + 1 - open));
-    }
+namespace {
+
+constexpr std::string_view kUsageKey = "\"usage\"";
+
+// Where the last `"usage"` starts. string_view::rfind compares the whole key
+// at every position from the end; this jumps between the key's rarest letter
+// with memrchr, and the usage object is at the very end of a body.
+std::size_t last_usage_key(std::string_view text) {
+  constexpr std::size_t g_at = 4;  // kUsageKey[g_at] == 'g'
+  std::size_t searched = text.size();
+  while (searched > 0) {
+    const auto* g = static_cast<const char*>(memrchr(text.data(), 'g', searched));
+    if (g == nullptr) break;
+    const auto at = static_cast<std::size_t>(g - text.data());
+    if (at >= g_at && text.substr(at - g_at, kUsageKey.size()) == kUsageKey) return at - g_at;
+    searched = at;
   }
-  return std::nullopt;
+  return std::string_view::npos;
+}
+
+}  // namespace
+
+std::optional<Usage> usage_from_json_tail(std::string_view tail) {
+  auto key = last_usage_key(tail);
+  if (key == std::string_view::npos) return std::nullopt;
+  auto colon = tail.find_first_not_of(" \t\r\n", key + kUsageKey.size());
+  if (colon == std::string_view::npos || tail[colon] != ':') return std::nullopt;
+  auto open = tail.find_first_not_of(" \t\r\n", colon + 1);
+  if (open == std::string_view::npos || tail[open] != '{') return std::nullopt;
+  // The object is read up to its closing brace; what follows it is not.
+  return usage_from_usage_object(tail.substr(open));
 }
 
 namespace {

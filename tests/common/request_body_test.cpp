@@ -290,6 +290,21 @@ TEST(JsonScan, LastDuplicateWinsAndEscapesAreSkipped) {
   EXPECT_FALSE(find_top_level_value(R"({"other":1})", "model").has_value());
 }
 
+// A quote ends a string when an even run of backslashes (none included)
+// precedes it; after an odd run it is part of the string.
+TEST(JsonScan, BackslashRunsBeforeAQuote) {
+  const std::string body = R"({"a":"x\\","b":"y\\\"z\\\\","c":"\\\"","model":"m"})";
+  std::vector<std::string> values;
+  bool well_formed = for_each_top_level_member(body, [&](std::string_view, ValueSpan value) {
+    values.push_back(body.substr(value.begin, value.end - value.begin));
+  });
+  ASSERT_TRUE(well_formed);
+  EXPECT_EQ(values,
+            (std::vector<std::string>{R"("x\\")", R"("y\\\"z\\\\")", R"("\\\"")", R"("m")"}));
+  EXPECT_FALSE(for_each_top_level_member(R"({"a":"x\"})", [](std::string_view, ValueSpan) {}));
+  EXPECT_FALSE(for_each_top_level_member(R"({"a":"x)", [](std::string_view, ValueSpan) {}));
+}
+
 std::string forwarded(const ModelSplice& splice, std::string_view model,
                       std::string_view addition = {}) {
   std::string body(splice.before_model);

@@ -171,6 +171,13 @@ TEST(RelayUsage, ReadFromTheTailOfAJsonBody) {
                 R"({"usage":{"prompt_tokens":1},"x":"\"usage\"","usage":{"prompt_tokens":2}})"),
             (stream::Usage{2, 0, 2}));
   EXPECT_FALSE(stream::usage_from_json_tail(R"({"usage":{"prompt_tokens":9,)"));
+  // Members after the usage object, spaces around the colon.
+  EXPECT_EQ(stream::usage_from_json_tail(
+                R"({"usage" : {"prompt_tokens":1,"total_tokens":1},"system_fingerprint":"fp_g"})"),
+            (stream::Usage{1, 0, 1}));
+  // The object must be the usage key's own value.
+  EXPECT_FALSE(stream::usage_from_json_tail(R"({"usage":null,"x":{"prompt_tokens":3}})"));
+  EXPECT_FALSE(stream::usage_from_json_tail(R"({"x":"usage","y":{"prompt_tokens":3}})"));
 }
 
 }  // namespace

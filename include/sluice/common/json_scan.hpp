@@ -24,7 +24,7 @@ std::optional<ValueSpan> find_top_level_value(std::string_view json, std::string
 // Calls `visit(key, value)` for each member of the top-level object, in
 // order; the key is the raw text between its quotes. Returns false when the
 // text is not an object or its structure is broken (values are delimited,
-// not validated).
+// not validated). Text after the object's closing brace is not looked at.
 bool for_each_top_level_member(std::string_view json,
                                const std::function<void(std::string_view, ValueSpan)>& visit);
 

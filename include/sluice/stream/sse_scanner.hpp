@@ -192,7 +192,8 @@ std::optional<Usage> usage_from_json_body(std::string_view body);
 
 // The counters of a usage object's own text (`{"prompt_tokens":...}`), read
 // by a scan instead of a parse: a non-streaming response's usage is found at
-// the end of every body relayed.
+// the end of every body relayed. Text after the object's closing brace is
+// not looked at.
 std::optional<Usage> usage_from_usage_object(std::string_view usage_object);
 
 }  // namespace sluice::stream
