@@ -75,4 +75,24 @@ bool is_hop_by_hop_header(std::string_view name) {
   }
 }
 
+bool is_hop_by_hop_field(boost::beast::http::field name) {
+  using enum boost::beast::http::field;
+  switch (name) {
+    case te:
+    case host:
+    case trailer:
+    case upgrade:
+    case connection:
+    case keep_alive:
+    case content_length:
+    case proxy_connection:
+    case transfer_encoding:
+    case proxy_authenticate:
+    case proxy_authorization:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace sluice

@@ -18,20 +18,19 @@ namespace {
 // `Cache-Control: no-cache` (or `no-store`) on the request: neither look up
 // nor store.
 bool opts_out(const ClientRequest& request) {
-  for (const auto& field : request) {
-    if (field.name() != boost::beast::http::field::cache_control) continue;
-    std::string_view value(field.value().data(), field.value().size());
+  bool opted_out = false;
+  request.for_each_value(boost::beast::http::field::cache_control, [&](std::string_view value) {
     std::size_t start = 0;
-    while (start <= value.size()) {
+    while (!opted_out && start <= value.size()) {
       auto end = std::min(value.find(',', start), value.size());
       auto directive = value.substr(start, end - start);
       while (!directive.empty() && directive.front() == ' ') directive.remove_prefix(1);
       while (!directive.empty() && directive.back() == ' ') directive.remove_suffix(1);
-      if (iequals(directive, "no-cache") || iequals(directive, "no-store")) return true;
+      opted_out = iequals(directive, "no-cache") || iequals(directive, "no-store");
       start = end + 1;
     }
-  }
-  return false;
+  });
+  return opted_out;
 }
 
 // The query's embedding from the configured embeddings model; empty when

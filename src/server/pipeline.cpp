@@ -47,42 +47,11 @@ std::optional<std::string_view> proxied_endpoint(std::string_view path) {
   return std::nullopt;
 }
 
-// Client headers that must not travel upstream: framing and hop-by-hop
-// headers, the client's own credentials, and encodings the relay could not
-// inspect.
-bool is_withheld_from_upstream(std::string_view name) {
-  if (is_hop_by_hop_header(name)) return true;
-  switch (name.size()) {
-    case 6:
-      return iequals(name, "expect");
-    case 7:
-      return iequals(name, "api-key");
-    case 9:
-      return iequals(name, "x-api-key");
-    case 11:
-      return iequals(name, "traceparent");
-    case 12:
-      return iequals(name, "x-request-id");
-    case 13:
-      return iequals(name, "authorization");
-    case 15:
-      return iequals(name, "accept-encoding");
-    default:
-      return false;
-  }
-}
-
-std::string forwarded_fields(const ClientRequest& request, std::string_view request_id,
-                             const metrics::TraceContext& next_hop) {
+// The lines the gateway adds to the client's forwarded ones: its request id
+// and the next hop of the trace.
+std::string gateway_fields(std::string_view request_id, const metrics::TraceContext& next_hop) {
   std::string fields;
-  fields.reserve(512);
-  for (const auto& field : request) {
-    auto name = field.name_string();
-    std::string_view name_view(name.data(), name.size());
-    if (is_withheld_from_upstream(name_view)) continue;
-    fields.append(name_view).append(": ");
-    fields.append(field.value().data(), field.value().size()).append("\r\n");
-  }
+  fields.reserve(128);
   fields.append("x-request-id: ").append(request_id).append("\r\n");
   fields.append("traceparent: ");
   next_hop.append_traceparent(fields);
@@ -184,9 +153,10 @@ std::string models_for(const RequestContext& context, const auth::KeyPolicy* key
 struct ProxyInputs {
   std::string_view endpoint;
   std::string_view query;
-  // The client's header lines that travel upstream, made once for all the
-  // attempts by whoever makes them.
-  std::string_view forward_fields;
+  // Header lines that travel upstream: the client's, as received, and the
+  // gateway's own, made once for all the attempts by whoever makes them.
+  std::string_view client_fields;
+  std::string_view gateway_fields;
   // The body is forwarded as [prefix, upstream model literal, suffix,
   // addition, closing]; the addition is empty unless a field is added.
   std::string_view body_prefix;
@@ -231,12 +201,12 @@ void prepare_attempt(const RequestContext& context, const ProxyInputs& inputs, A
   append_json_string(task.model_literal, deployment.upstream_model);
   task.target = deployment.base_url.path_prefix;
   task.target.append(inputs.endpoint).append(inputs.query);
-  task.request =
-      upstream::Request{"POST",
-                        task.target,
-                        {inputs.forward_fields, context.snapshot->upstream_fields(deployment)},
-                        {inputs.body_prefix, task.model_literal, inputs.body_suffix,
-                         inputs.body_addition, inputs.body_closing}};
+  task.request = upstream::Request{
+      "POST",
+      task.target,
+      {inputs.client_fields, inputs.gateway_fields, context.snapshot->upstream_fields(deployment)},
+      {inputs.body_prefix, task.model_literal, inputs.body_suffix, inputs.body_addition,
+       inputs.body_closing}};
   task.started_at = Clock::now();
   task.limits =
       upstream::Limits{deployment.timeouts.connect, deployment.timeouts.ttft,
@@ -350,12 +320,11 @@ struct Picked {
   bool keep = false;  // without a winner: whether the connection may go on
 };
 
-// The fields the attempts forward: the client's own, its request id, and
-// the next hop of its trace.
-std::string forwarded_fields_for(RequestContext& context) {
+// The lines the gateway adds to what the attempts forward: the request id
+// and the next hop of its trace.
+std::string gateway_fields_for(RequestContext& context) {
   auto next_random = [&worker = context.worker] { return worker.next_random(); };
-  return forwarded_fields(context.request, context.request_id,
-                          metrics::next_hop(context.trace, next_random));
+  return gateway_fields(context.request_id, metrics::next_hop(context.trace, next_random));
 }
 
 // Launches the plan's hedge into `slot`, if it has one now.
@@ -433,8 +402,9 @@ std::unique_ptr<AttemptTask> take_winner(RequestContext& context, router::Plan& 
 net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs,
                                      router::Plan& plan, stream::ClientWatch& watch) {
   // Built here so that it is gone while the answer is relayed.
-  const std::string forward_fields = forwarded_fields_for(context);
-  inputs.forward_fields = forward_fields;
+  const std::string added_fields = gateway_fields_for(context);
+  inputs.client_fields = context.request.forwarded_fields();
+  inputs.gateway_fields = added_fields;
   // The race's timer is made when the race first waits: a request whose only
   // attempt runs in this coroutine never needs one (making one looks up the
   // timer service under a lock).
@@ -644,7 +614,7 @@ net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& cont
   inputs.endpoint = endpoint;
   const std::string forward_fields =
       "Content-Type: application/json\r\nx-request-id: " + context.request_id + "\r\n";
-  inputs.forward_fields = forward_fields;
+  inputs.gateway_fields = forward_fields;
   inputs.body_prefix = R"({"model":)";
   inputs.body_suffix = body_after_model;
   auto plan = context.snapshot->router->plan(model, false, context.worker.next_random());
@@ -816,9 +786,7 @@ net::awaitable<bool> Pipeline::handle(RequestContext& context) {
                              std::chrono::duration_cast<std::chrono::system_clock::duration>(
                                  Clock::now() - context.head_started);
   auto next_random = [&worker = context.worker] { return worker.next_random(); };
-  auto traceparent = request["traceparent"];
-  auto incoming =
-      metrics::parse_traceparent(std::string_view(traceparent.data(), traceparent.size()));
+  auto incoming = metrics::parse_traceparent(request["traceparent"]);
   context.trace = incoming ? *incoming : metrics::new_trace_context(next_random);
   bool keep = co_await serve(context);
   gateway_metrics.requests_in_flight.sub(1);
@@ -873,7 +841,7 @@ Screening refuse(ApiError error, std::string_view fields = {}) {
 // on the verdict keeps none of this in its frame.
 Screening screen_request(RequestContext& context, ProxyJob& job) {
   auto& request = context.request;
-  std::string_view target(request.target().data(), request.target().size());
+  std::string_view target = request.target();
   auto query_start = target.find('?');
   std::string_view path = target.substr(0, query_start);
   std::string_view query =
@@ -888,10 +856,8 @@ Screening screen_request(RequestContext& context, ProxyJob& job) {
     return answered_here(Screening::Verdict::health);
   }
   const auto& auth = *context.snapshot->auth;
-  auto presented_key = auth::extract_presented_key([&](std::string_view name) {
-    auto value = request[name];
-    return std::string_view(value.data(), value.size());
-  });
+  auto presented_key =
+      auth::extract_presented_key([&](std::string_view name) { return request[name]; });
   if (path == "/v1/models") {
     if (method != http::verb::get && method != http::verb::head) {
       return refuse(ApiError::method_not_allowed(request.method_string(), path),

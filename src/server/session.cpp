@@ -7,8 +7,7 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/error.hpp>
-#include <boost/beast/http/parser.hpp>
-#include <boost/beast/http/string_body.hpp>
+#include <boost/beast/http/status.hpp>
 #include <optional>
 
 #include "sluice/common/errors.hpp"
@@ -116,9 +115,9 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
   for (bool first = true;; first = false) {
     auto snapshot = gateway.snapshot();
     const auto& limits = snapshot->config->server;
-    ClientRequestParser parser;
-    parser.header_limit(static_cast<std::uint32_t>(limits.max_header_bytes));
-    parser.body_limit(limits.max_body_bytes);
+    ClientRequest request;
+    request.header_limit(static_cast<std::uint32_t>(limits.max_header_bytes));
+    request.body_limit(limits.max_body_bytes);
 
     auto head_started = Clock::now();
     read_deadline.expires_after(first || buffer.size() > 0 ? limits.header_timeout
@@ -141,7 +140,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     head_ec = read_deadline.translate(head_ec);
     if (head_ec == net::error::eof) head_ec = http::error::end_of_stream;
     if (!head_ec) {
-      head_ec = co_await read_http(client.socket(), buffer, parser, false, read_deadline);
+      head_ec = co_await read_http(client.socket(), buffer, request, false, read_deadline);
     }
     tracked.idle = false;
     if (head_ec) {
@@ -149,15 +148,15 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
       break;
     }
 
-    if (!parser.is_done()) {
-      auto expect = parser.get()[http::field::expect];
+    if (!request.is_done()) {
+      auto expect = request[http::field::expect];
       if (expect.size() == 12 && beast::iequals(expect, "100-continue")) {
         client.expires_after(limits.body_timeout);
         co_await net::async_write(client, net::buffer("HTTP/1.1 100 Continue\r\n\r\n", 25),
                                   as_tuple(use_awaitable));
       }
       read_deadline.expires_after(limits.body_timeout);
-      auto body_ec = co_await read_http(client.socket(), buffer, parser, true, read_deadline);
+      auto body_ec = co_await read_http(client.socket(), buffer, request, true, read_deadline);
       if (body_ec) {
         co_await answer_unreadable(client, body_ec, limits);
         break;
@@ -165,7 +164,6 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     }
     read_deadline.expires_never();
 
-    auto& request = parser.get();
     RequestContext context{worker,
                            snapshot,
                            request,

@@ -248,6 +248,7 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
       .field("Content-Length", body_size)
       .raw_fields(request.fields[0])
       .raw_fields(request.fields[1])
+      .raw_fields(request.fields[2])
       .finish();
   std::array<net::const_buffer, 6> wire = {
       net::buffer(head_text),       net::buffer(request.body[0]), net::buffer(request.body[1]),

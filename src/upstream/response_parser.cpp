@@ -33,25 +33,6 @@ std::size_t fill(char*& data, std::size_t& space, std::string_view body, error_c
 
 }  // namespace
 
-bool is_hop_by_hop_field(http::field name) {
-  switch (name) {
-    case http::field::te:
-    case http::field::host:
-    case http::field::trailer:
-    case http::field::upgrade:
-    case http::field::connection:
-    case http::field::keep_alive:
-    case http::field::content_length:
-    case http::field::proxy_connection:
-    case http::field::transfer_encoding:
-    case http::field::proxy_authenticate:
-    case http::field::proxy_authorization:
-      return true;
-    default:
-      return false;
-  }
-}
-
 bool ResponseParser::is_event_stream() const {
   auto type = content_type();
   return type.size() >= 17 && iequals(type.substr(0, 17), "text/event-stream");

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <boost/beast/http/field.hpp>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -34,6 +35,9 @@ class HeadWriter {
 // Hop-by-hop headers (RFC 9110 §7.6.1) and the framing headers a proxy
 // always sets itself.
 bool is_hop_by_hop_header(std::string_view name);
+// The same set for a name the parser has looked up already: Beast knows
+// every hop-by-hop name, so an unknown one is end-to-end.
+bool is_hop_by_hop_field(boost::beast::http::field name);
 
 // ASCII case-insensitive equality, as header names compare.
 inline bool iequals(std::string_view a, std::string_view b) {

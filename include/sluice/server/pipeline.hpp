@@ -3,9 +3,6 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
-#include <boost/beast/http/message.hpp>
-#include <boost/beast/http/parser.hpp>
-#include <boost/beast/http/string_body.hpp>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,23 +10,16 @@
 
 #include "sluice/common/clock.hpp"
 #include "sluice/common/errors.hpp"
-#include "sluice/common/recycling_allocator.hpp"
 #include "sluice/common/result.hpp"
 #include "sluice/metrics/access_log.hpp"
 #include "sluice/metrics/gap_tracker.hpp"
 #include "sluice/metrics/trace_context.hpp"
+#include "sluice/server/client_request.hpp"
 #include "sluice/server/gateway.hpp"
 #include "sluice/stream/client_watch.hpp"
 #include "sluice/stream/sse_scanner.hpp"
 
 namespace sluice::server {
-
-// Header fields come from the thread's recycled blocks (one per field).
-using ClientRequest =
-    boost::beast::http::request<boost::beast::http::string_body,
-                                boost::beast::http::basic_fields<RecyclingAllocator<char>>>;
-using ClientRequestParser =
-    boost::beast::http::request_parser<boost::beast::http::string_body, RecyclingAllocator<char>>;
 
 // What every stage reads and fills in for one request.
 struct RequestContext {

@@ -53,9 +53,9 @@ const char* to_string(Failure failure);
 struct Request {
   std::string_view method = "POST";
   std::string_view target;  // path and query, with the deployment's prefix
-  // Preformatted "Name: value\r\n" lines: the client's forwarded ones and the
-  // deployment's own.
-  std::array<std::string_view, 2> fields{};
+  // Preformatted "Name: value\r\n" lines: the client's forwarded ones, the
+  // gateway's (request id, trace) and the deployment's own.
+  std::array<std::string_view, 3> fields{};
   std::array<std::string_view, 5> body{};
 };
 

@@ -71,8 +71,4 @@ class ResponseParser final : public boost::beast::http::basic_parser<false> {
   unsigned status_ = 0;
 };
 
-// Whether a field Beast recognised is hop-by-hop or framing; the same set as
-// is_hop_by_hop_header, by the parser's own lookup of the name.
-bool is_hop_by_hop_field(boost::beast::http::field name);
-
 }  // namespace sluice::upstream

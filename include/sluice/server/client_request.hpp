@@ -1,0 +1,100 @@
+#pragma once
+
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/http/basic_parser.hpp>
+#include <boost/beast/http/field.hpp>
+#include <boost/beast/http/verb.hpp>
+#include <boost/container/small_vector.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "sluice/common/recycling_allocator.hpp"
+
+namespace sluice::server {
+
+// A client's request, parsed in place by Beast's parser (same grammar,
+// framing, limits and keep-alive rules) but without Beast's field container,
+// which allocated a block per field and was walked by name for every lookup.
+// The fields are kept as the lines they arrived as, in two runs: the ones
+// that travel upstream, forwarded as one piece, and the ones the gateway
+// withholds (framing, hop-by-hop, credentials, Expect, encodings). A small
+// index finds the few the stages read.
+class ClientRequest final : public boost::beast::http::basic_parser<true> {
+ public:
+  boost::beast::http::verb method() const { return method_; }
+  std::string_view method_string() const { return start_line().substr(0, method_size_); }
+  std::string_view target() const { return start_line().substr(method_size_); }
+  // 10 for HTTP/1.0, 11 for HTTP/1.1.
+  unsigned version() const { return version_; }
+
+  // The value of the first field of this name (case-insensitive); empty
+  // when there is none.
+  std::string_view operator[](std::string_view name) const;
+  std::string_view operator[](boost::beast::http::field name) const;
+  // Calls visit(value) for every field of this name, in order.
+  template <typename Visit>
+  void for_each_value(boost::beast::http::field name, Visit&& visit) const {
+    for (const auto& entry : fields_) {
+      if (entry.name == name) visit(value_of(entry));
+    }
+  }
+
+  // "Name: value\r\n" for every field that travels upstream, as received.
+  std::string_view forwarded_fields() const { return {forwarded_.data(), forwarded_.size()}; }
+
+  const std::string& body() const { return body_; }
+
+ private:
+  using Text = std::basic_string<char, std::char_traits<char>, RecyclingAllocator<char>>;
+
+  struct FieldEntry {
+    boost::beast::http::field name;
+    bool withheld;  // in withheld_, else in forwarded_
+    // The header limit is a 32-bit count, so these cannot overflow.
+    std::uint32_t name_size;
+    std::uint32_t at;  // where the line starts
+    std::uint32_t value_size;
+  };
+
+  std::string_view start_line() const { return {start_line_.data(), start_line_.size()}; }
+  std::string_view name_of(const FieldEntry& entry) const;
+  std::string_view value_of(const FieldEntry& entry) const;
+
+  void on_request_impl(boost::beast::http::verb method, boost::beast::string_view method_text,
+                       boost::beast::string_view target, int version,
+                       boost::beast::error_code& ec) override;
+  void on_response_impl(int code, boost::beast::string_view reason, int version,
+                        boost::beast::error_code& ec) override;
+  void on_field_impl(boost::beast::http::field name, boost::beast::string_view name_text,
+                     boost::beast::string_view value, boost::beast::error_code& ec) override;
+  void on_header_impl(boost::beast::error_code& ec) override;
+  void on_body_init_impl(const boost::optional<std::uint64_t>& content_length,
+                         boost::beast::error_code& ec) override;
+  std::size_t on_body_impl(boost::beast::string_view body, boost::beast::error_code& ec) override;
+  void on_chunk_header_impl(std::uint64_t size, boost::beast::string_view extensions,
+                            boost::beast::error_code& ec) override;
+  std::size_t on_chunk_body_impl(std::uint64_t remain, boost::beast::string_view body,
+                                 boost::beast::error_code& ec) override;
+  void on_finish_impl(boost::beast::error_code& ec) override;
+
+  Text start_line_;  // the method, then the target
+  Text forwarded_;
+  Text withheld_;
+  boost::container::small_vector<FieldEntry, 16> fields_;
+  std::string body_;
+  boost::beast::http::verb method_ = boost::beast::http::verb::unknown;
+  std::size_t method_size_ = 0;
+  unsigned version_ = 11;
+};
+
+// Client fields that must not travel upstream: framing and hop-by-hop
+// fields, the client's own credentials, Expect, and encodings the relay
+// could not inspect.
+bool is_withheld_from_upstream(std::string_view name);
+// The same, for a name the parser has looked up already (unknown names are
+// compared by their text).
+bool is_withheld_from_upstream(boost::beast::http::field name, std::string_view name_text);
+
+}  // namespace sluice::server
