@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <nlohmann/json.hpp>
 
 #include "sluice/common/json_scan.hpp"
@@ -43,14 +46,77 @@ std::size_t find_line_end(std::string_view text, std::size_t from) {
   return from + searched;
 }
 
-// std::string_view::find looks for the needle's first byte with memchr and
-// compares from there; for a quoted key that stops at every quote of a JSON
-// payload. glibc's memmem skips ahead by a shift table instead.
+// Where `one` or `other` first occurs in `text` at or after `from`; the two
+// have the same length, first byte and last byte (quoted keys of the same
+// length). Sixteen positions are tested at a time: a position is a
+// candidate only when the first byte, either second byte and the last byte
+// all match there (for quoted keys: a quote, either key's first letter, a
+// quote), which is rare enough that comparing the candidates whole costs
+// little. Every SSE event's payload is searched this way for two keys in one
+// pass: std::string_view::find stops at every quote of a JSON payload, and
+// glibc's memmem spent ~500 instructions a call setting up its shift table.
+std::size_t find_either(std::string_view text, std::string_view one, std::string_view other,
+                        std::size_t from = 0) {
+  const std::size_t size = one.size();
+  if (from > text.size() || text.size() - from < size) return std::string_view::npos;
+  if (size == 0) return from;
+  const char* const data = text.data();
+  const auto matches_at = [&](std::size_t at) {
+    return std::memcmp(data + at, one.data(), size) == 0 ||
+           std::memcmp(data + at, other.data(), size) == 0;
+  };
+  const std::size_t last_start = text.size() - size;  // the last place a match can begin
+#if defined(__SSE2__)
+  if (size > 1 && last_start - from >= 15) {
+    const __m128i first = _mm_set1_epi8(one[0]);
+    const __m128i second_one = _mm_set1_epi8(one[1]);
+    const __m128i second_other = _mm_set1_epi8(other[1]);
+    const __m128i final = _mm_set1_epi8(one[size - 1]);
+    // The sixteen positions from `at`. Each load stays inside the text: `at`
+    // is at most last_start - 15, so the last byte's load ends at the text's
+    // last byte at most, and the second byte's load before it.
+    const auto block = [&](std::size_t at) {
+      const auto load = [&](std::size_t offset) {
+        return _mm_loadu_si128(reinterpret_cast<const __m128i*>(data + at + offset));
+      };
+      const __m128i seconds = load(1);
+      const __m128i second =
+          _mm_or_si128(_mm_cmpeq_epi8(seconds, second_one), _mm_cmpeq_epi8(seconds, second_other));
+      auto candidates = static_cast<unsigned>(
+          _mm_movemask_epi8(_mm_and_si128(_mm_and_si128(_mm_cmpeq_epi8(load(0), first), second),
+                                          _mm_cmpeq_epi8(load(size - 1), final))));
+      for (; candidates != 0; candidates &= candidates - 1) {
+        const std::size_t candidate = at + static_cast<std::size_t>(__builtin_ctz(candidates));
+        if (matches_at(candidate)) return candidate;
+      }
+      return std::string_view::npos;
+    };
+    std::size_t at = from;
+    for (; at + 15 <= last_start; at += 16) {
+      if (auto found = block(at); found != std::string_view::npos) return found;
+    }
+    // The last block overlaps the one before; its positions before `at`
+    // matched nothing there and match nothing here.
+    return at > last_start ? std::string_view::npos : block(last_start - 15);
+  }
+#endif
+  for (std::size_t at = from; at <= last_start; ++at) {
+    if (data[at] == one[0] && matches_at(at)) return at;
+  }
+  return std::string_view::npos;
+}
+
 std::size_t find_bytes(std::string_view text, std::string_view needle, std::size_t from = 0) {
-  if (from >= text.size()) return std::string_view::npos;
-  const void* hit = ::memmem(text.data() + from, text.size() - from, needle.data(), needle.size());
-  return hit ? static_cast<std::size_t>(static_cast<const char*>(hit) - text.data())
-             : std::string_view::npos;
+  return find_either(text, needle, needle, from);
+}
+
+// Whether the value after a key (whose end is at `at`) is an object.
+bool object_follows(std::string_view text, std::size_t at) {
+  while (at < text.size() && is_json_space(text[at])) ++at;
+  if (at == text.size() || text[at] != ':') return false;
+  ++at;
+  while (at < text.size() && is_json_space(text[at])) ++at;
+  return at < text.size() && text[at] == '{';
 }
 
 // Whether `quoted_key` occurs followed by a colon and an object. A quoted key
@@ -59,14 +125,33 @@ std::size_t find_bytes(std::string_view text, std::string_view needle, std::size
 bool has_object_valued_key(std::string_view text, std::string_view quoted_key) {
   for (auto at = find_bytes(text, quoted_key); at != std::string_view::npos;
        at = find_bytes(text, quoted_key, at + 1)) {
-    std::size_t i = at + quoted_key.size();
-    while (i < text.size() && is_json_space(text[i])) ++i;
-    if (i == text.size() || text[i] != ':') continue;
-    ++i;
-    while (i < text.size() && is_json_space(text[i])) ++i;
-    if (i < text.size() && text[i] == '{') return true;
+    if (object_follows(text, at + quoted_key.size())) return true;
   }
   return false;
+}
+
+constexpr std::string_view kUsageKey = "\"usage\"";
+constexpr std::string_view kErrorKey = "\"error\"";
+
+// What an event's payload may hold, from one pass over it for both keys
+// (the same reasoning as has_object_valued_key's).
+struct KeysSeen {
+  bool usage_object = false;
+  bool error = false;
+};
+
+KeysSeen keys_seen(std::string_view text) {
+  KeysSeen seen;
+  for (auto at = find_either(text, kUsageKey, kErrorKey);
+       at != std::string_view::npos && !(seen.usage_object && seen.error);
+       at = find_either(text, kUsageKey, kErrorKey, at + 1)) {
+    if (text[at + 1] == kErrorKey[1]) {
+      seen.error = true;
+    } else if (object_follows(text, at + kUsageKey.size())) {
+      seen.usage_object = true;
+    }
+  }
+  return seen;
 }
 
 // The counters a usage object may carry, under the Chat Completions names
@@ -479,8 +564,7 @@ bool SseScanner::inspect(std::string_view payload, bool want_usage_only) {
     saw_done_ = true;
     return false;
   }
-  const bool may_have_usage = has_object_valued_key(text, "\"usage\"");
-  const bool may_have_error = find_bytes(text, "\"error\"") != std::string_view::npos;
+  const auto [may_have_usage, may_have_error] = keys_seen(text);
   if (!may_have_usage && !may_have_error) return false;
   const auto doc = json::parse(text.begin(), text.end(), nullptr, false);
   if (!doc.is_object()) return false;
@@ -538,7 +622,7 @@ std::optional<Usage> usage_from_usage_object(std::string_view usage_object) {
 
 std::optional<Usage> usage_from_json_body(std::string_view body) {
   const auto text = trim_json_space(body);
-  if (!has_object_valued_key(text, "\"usage\"")) return std::nullopt;
+  if (!has_object_valued_key(text, kUsageKey)) return std::nullopt;
   const auto doc = json::parse(text.begin(), text.end(), nullptr, false);
   if (!doc.is_object()) return std::nullopt;
   return find_usage(doc, kUsageSearchDepth);

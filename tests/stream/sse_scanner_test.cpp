@@ -307,6 +307,22 @@ TEST(SseScanner, ErrorEvents) {
   }
 }
 
+TEST(SseScanner, AnErrorKeyIsFoundWhereverItFalls) {
+  for (std::size_t pad = 0; pad < 48; ++pad) {
+    const std::string before = R"({"p":")" + std::string(pad, 'x') + R"(","eeeee":1,"errors":2,)";
+    SseScanner with_error;
+    feed_whole(with_error, "data: " + before + R"("error":{"message":"m"}})" + "\n\n");
+    EXPECT_TRUE(with_error.saw_error()) << pad;
+    SseScanner without;
+    feed_whole(without, "data: " + before + R"("errorx":{"message":"m"}})" + "\n\n");
+    EXPECT_FALSE(without.saw_error()) << pad;
+    // The key among the payload's last sixteen bytes.
+    SseScanner at_the_end;
+    feed_whole(at_the_end, "data: " + before + R"("error":1})" + "\n\n");
+    EXPECT_TRUE(at_the_end.saw_error()) << pad;
+  }
+}
+
 TEST(SseScanner, UsageInsideTheLastContentChunk) {
   const std::string stream =
       content_chunk("Hi") +
@@ -576,6 +592,18 @@ TEST(SseUsageFromJsonBody, Responses) {
             (Usage{30, 8, 38}));
 }
 
+// The key is searched sixteen positions at a time, then byte by byte near the
+// end: wherever it falls, it is found, and near misses are not taken for it.
+TEST(SseUsageFromJsonBody, TheKeyIsFoundWhereverItFalls) {
+  for (std::size_t pad = 0; pad < 48; ++pad) {
+    const std::string before = R"({"p":")" + std::string(pad, 'x') + R"(","uxxxe":1,"usagf":{},)";
+    EXPECT_EQ(usage_from_json_body(before + R"("usage":{"prompt_tokens":3,"total_tokens":3}})"),
+              (Usage{3, 0, 3}))
+        << pad;
+    EXPECT_FALSE(usage_from_json_body(before + R"("usages":{"prompt_tokens":3}})")) << pad;
+  }
+}
+
 TEST(SseUsageFromJsonBody, NoUsage) {
   EXPECT_FALSE(usage_from_json_body(""));
   EXPECT_FALSE(usage_from_json_body("not json at all"));
@@ -598,8 +626,7 @@ TEST(SseUsageFromUsageObject, ReadsTheCountersLikeTheParser) {
             (Usage{30, 8, 38}));
   EXPECT_EQ(usage_from_usage_object(R"({"prompt_tokens":5,"total_tokens":5})"), (Usage{5, 0, 5}));
   // The last of repeated keys wins, as in a parsed document.
-  EXPECT_EQ(usage_from_usage_object(R"({"prompt_tokens":1,"prompt_tokens":2})"),
-            (Usage{2, 0, 2}));
+  EXPECT_EQ(usage_from_usage_object(R"({"prompt_tokens":1,"prompt_tokens":2})"), (Usage{2, 0, 2}));
   // Only non-negative integers count.
   EXPECT_EQ(usage_from_usage_object(R"({"prompt_tokens":1.5,"completion_tokens":3})"),
             (Usage{0, 3, 3}));
