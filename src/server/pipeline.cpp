@@ -93,9 +93,9 @@ void redact(std::string& text, const std::string& secret) {
   }
 }
 
-std::string sluice_fields(const RequestContext& context) {
-  std::string fields;
-  fields.reserve(160 + context.response_fields.size());
+// Appends the lines that say which request this was, which deployment
+// answered it and after how many attempts.
+void append_request_fields(std::string& fields, const RequestContext& context) {
   fields.append("x-request-id: ").append(context.request_id).append("\r\n");
   if (!context.deployment_id.empty()) {
     fields.append("x-sluice-deployment: ").append(context.deployment_id).append("\r\n");
@@ -103,6 +103,15 @@ std::string sluice_fields(const RequestContext& context) {
   if (context.attempts > 0) {
     fields.append("x-sluice-attempts: ").append(std::to_string(context.attempts)).append("\r\n");
   }
+}
+
+constexpr std::size_t kTypicalResponseFieldBytes = 256;
+
+// Every line sluice adds to an answer of this request.
+std::string sluice_fields(const RequestContext& context) {
+  std::string fields;
+  fields.reserve(160 + context.response_fields.size());
+  append_request_fields(fields, context);
   fields.append(context.response_fields);
   return fields;
 }
@@ -275,7 +284,7 @@ net::awaitable<void> settle_failure(RequestContext& context, router::Plan& plan,
   failed.status = exchange.status();
   context.record.attempts.push_back(
       attempt_record(deployment, exchange, "http_" + std::to_string(failed.status)));
-  failed.body = co_await read_error_body(exchange, context.relay_buffer);
+  failed.body = co_await read_error_body(exchange, context.relay_buffers.read);
   redact(failed.body, deployment.api_key);
   auto content_type = exchange.content_type();
   failed.content_type = content_type.empty() ? "application/json" : std::string(content_type);
@@ -535,13 +544,16 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ProxyInputs& in
   // response head to the first write to the client (measured by the relay
   // below; Server-Timing reports it up to here).
   context.gateway_time += winner.started_at - context.body_read;
+  // The relayed answer's own lines go after the ones the stages added, in the
+  // same string: room for all of them at once.
+  context.response_fields.reserve(kTypicalResponseFieldBytes);
   metrics::render_server_timing(context.response_fields,
                                 {context.gateway_time + (Clock::now() - timing.first_byte),
                                  context.upstream_connect, context.upstream_ttfb});
   context.timing_sent = true;
 
   watch.watch(&winner.abort_handle);
-  stream::Relay relay(context.client, context.relay_buffer, deployment.timeouts.idle);
+  stream::Relay relay(context.client, context.relay_buffers, deployment.timeouts.idle);
   stream::RelayOptions relay_options;
   relay_options.strip_usage_only_chunks = inputs.strip_usage_only_chunks;
   relay_options.gaps = &context.gaps;
@@ -559,8 +571,9 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ProxyInputs& in
       }
     };
   }
+  append_request_fields(context.response_fields, context);
   auto outcome =
-      co_await relay.run(exchange, sluice_fields(context), context.keep_alive, relay_options);
+      co_await relay.run(exchange, context.response_fields, context.keep_alive, relay_options);
   if (outcome.first_write != TimePoint{}) {
     context.gateway_time += outcome.first_write - timing.first_byte;
     context.record.ttft_ms = to_ms(outcome.first_write - context.head_started);
@@ -644,7 +657,7 @@ net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& cont
                                                            exchange.timing().sent);
     std::string body;
     if (exchange.status() >= 400) {
-      co_await read_body_into(exchange, context.relay_buffer, kMaxErrorBody, body);
+      co_await read_body_into(exchange, context.relay_buffers.read, kMaxErrorBody, body);
       auto kind = router::classify_status(exchange.status(), body);
       plan.report(*attempt, {kind, false, ttft, exchange.retry_after()}, Clock::now());
       failure = "deployment " + deployment.id + " answered " + std::to_string(exchange.status());
@@ -652,7 +665,8 @@ net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& cont
       continue;
     }
     plan.report(*attempt, {router::ResultKind::success, false, ttft, std::nullopt}, Clock::now());
-    bool complete = co_await read_body_into(exchange, context.relay_buffer, kMaxInternalBody, body);
+    bool complete =
+        co_await read_body_into(exchange, context.relay_buffers.read, kMaxInternalBody, body);
     plan.finish(*attempt, complete,
                 std::chrono::duration_cast<router::Micros>(Clock::now() - task.started_at),
                 Clock::now());

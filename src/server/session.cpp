@@ -103,9 +103,9 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
   socket.non_blocking(true, ignored);
   beast::tcp_stream client(std::move(socket));
   beast::flat_buffer buffer;
-  // Small to start with: a held stream's events are small. The relay grows
-  // it for a body that arrives in bulk.
-  std::vector<char> relay_buffer(stream::Relay::kFirstReadSize);
+  // The read buffer is small to start with: a held stream's events are
+  // small. The relay grows it for a body that arrives in bulk.
+  stream::Relay::Buffers relay_buffers;
   // The request reads' deadline; the stream's own expiry serves its writes.
   SocketDeadline read_deadline(client.socket());
   stream::ClientWatch watch(client.socket(), buffer);
@@ -168,7 +168,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
                            snapshot,
                            request,
                            client,
-                           relay_buffer,
+                           relay_buffers,
                            watch,
                            request.keep_alive() && !gateway.draining()};
     context.request_id = request_id_for(request, worker);

@@ -95,7 +95,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
   const auto content_length = exchange.content_length();
   const bool chunked = event_stream || !content_length;
 
-  HeadWriter head(head_);
+  HeadWriter head(buffers_.head);
   head.status_line(exchange.status());
   head.raw_fields(exchange.forwarded_fields());
   head.raw_fields(head_fields);
@@ -111,22 +111,22 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
   // Writes the pending head (once), then `spans` as one HTTP chunk (or as
   // raw bytes for a Content-Length body), then the last chunk if `last`.
   auto write = [&](std::span<const std::string_view> spans, bool last) -> net::awaitable<bool> {
-    wire_.clear();
-    if (head_pending) wire_.push_back(net::buffer(head_));
+    buffers_.wire.clear();
+    if (head_pending) buffers_.wire.push_back(net::buffer(buffers_.head));
     std::size_t size = 0;
     for (auto span : spans) size += span.size();
     ChunkSize chunk_size(size);
     if (size > 0) {
-      if (chunked) wire_.push_back(chunk_size.buffer());
+      if (chunked) buffers_.wire.push_back(chunk_size.buffer());
       for (auto span : spans) {
-        if (!span.empty()) wire_.push_back(net::buffer(span));
+        if (!span.empty()) buffers_.wire.push_back(net::buffer(span));
       }
-      if (chunked) wire_.push_back(net::buffer(kCrlf));
+      if (chunked) buffers_.wire.push_back(net::buffer(kCrlf));
     }
-    if (last && chunked) wire_.push_back(net::buffer(kLastChunk));
-    if (wire_.empty()) co_return true;
+    if (last && chunked) buffers_.wire.push_back(net::buffer(kLastChunk));
+    if (buffers_.wire.empty()) co_return true;
     client_.expires_after(write_timeout_);
-    auto [ec, n] = co_await write_eagerly(client_, &client_.socket(), wire_);
+    auto [ec, n] = co_await write_eagerly(client_, &client_.socket(), buffers_.wire);
     if (head_pending) outcome.first_write = Clock::now();
     head_pending = false;
     outcome.nothing_sent = false;
@@ -160,10 +160,10 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
   bool filled_buffer = false;
   for (;;) {
     // Grown between reads, never while a write still points into it.
-    if (filled_buffer && buffer_.size() < kLargestRead) {
-      buffer_.resize(std::min(buffer_.size() * 2, kLargestRead));
+    if (filled_buffer && buffers_.read.size() < kLargestRead) {
+      buffers_.read.resize(std::min(buffers_.read.size() * 2, kLargestRead));
     }
-    auto read = co_await exchange.read_body(buffer_.data(), buffer_.size());
+    auto read = co_await exchange.read_body(buffers_.read.data(), buffers_.read.size());
     if (!read) {
       outcome.upstream_error = read.error();
       if (scanner_) {
@@ -187,22 +187,22 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
       co_return outcome;
     }
     std::size_t n = read.value();
-    filled_buffer = n == buffer_.size();
+    filled_buffer = n == buffers_.read.size();
     if (n == 0) {
       report_completion();
       if (scanner_) {
-        spans_.clear();
-        scanner_->finish(spans_);
+        buffers_.spans.clear();
+        scanner_->finish(buffers_.spans);
         outcome.usage = scanner_->usage();
         outcome.events = scanner_->events();
-        outcome.complete = co_await write(spans_, true);
+        outcome.complete = co_await write(buffers_.spans, true);
       } else {
         outcome.usage = json_usage ? json_usage : usage_from_json_tail(tail);
         outcome.complete = co_await write_one({}, true);
       }
       co_return outcome;
     }
-    std::string_view piece(buffer_.data(), n);
+    std::string_view piece(buffers_.read.data(), n);
     if (options.capture && !outcome.capture_overflowed) {
       outcome.capture_overflowed = options.capture->size() + n > options.capture_limit;
       if (outcome.capture_overflowed) {
@@ -225,11 +225,11 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
           options.gap_histogram.observe(options.shard, std::chrono::duration<double>(*gap).count());
         }
       }
-      spans_.clear();
-      scanner_->feed(piece, spans_);
+      buffers_.spans.clear();
+      scanner_->feed(piece, buffers_.spans);
       // A piece that only completed a stripped event leaves nothing to write.
       written = true;
-      if (!spans_.empty()) written = co_await write(spans_, false);
+      if (!buffers_.spans.empty()) written = co_await write(buffers_.spans, false);
     } else if (!chunked && body_read >= *content_length && tail.empty()) {
       // The whole body in one piece (the usual case): its usage is read
       // where it lies, before the next read reuses the buffer.

@@ -17,6 +17,7 @@
 #include "sluice/server/client_request.hpp"
 #include "sluice/server/gateway.hpp"
 #include "sluice/stream/client_watch.hpp"
+#include "sluice/stream/relay.hpp"
 #include "sluice/stream/sse_scanner.hpp"
 
 namespace sluice::server {
@@ -27,8 +28,8 @@ struct RequestContext {
   std::shared_ptr<const Snapshot> snapshot;
   ClientRequest& request;
   boost::beast::tcp_stream& client;
-  std::vector<char>& relay_buffer;  // reused by every request on the connection
-  stream::ClientWatch& watch;       // the connection's, started for each proxied request
+  stream::Relay::Buffers& relay_buffers;  // reused by every request on the connection
+  stream::ClientWatch& watch;             // the connection's, started for each proxied request
   bool keep_alive = true;
 
   std::string request_id{};

@@ -68,9 +68,17 @@ class Relay {
   static constexpr std::size_t kFirstReadSize = 1024;  // a few events of a stream
   static constexpr std::size_t kLargestRead = 16 * 1024;
 
-  Relay(boost::beast::tcp_stream& client, std::vector<char>& buffer,
-        std::chrono::milliseconds write_timeout)
-      : client_(client), buffer_(buffer), write_timeout_(write_timeout) {}
+  // What a relay works in, kept by the client connection from one request to
+  // the next, so that relaying a request allocates none of it.
+  struct Buffers {
+    std::vector<char> read = std::vector<char>(kFirstReadSize);
+    std::string head;
+    std::vector<std::string_view> spans;
+    std::vector<boost::asio::const_buffer> wire;
+  };
+
+  Relay(boost::beast::tcp_stream& client, Buffers& buffers, std::chrono::milliseconds write_timeout)
+      : client_(client), buffers_(buffers), write_timeout_(write_timeout) {}
 
   // `head_fields` are preformatted "Name: value\r\n" lines added to the
   // upstream's own headers.
@@ -80,12 +88,8 @@ class Relay {
 
  private:
   boost::beast::tcp_stream& client_;
-  std::vector<char>& buffer_;
+  Buffers& buffers_;
   std::chrono::milliseconds write_timeout_;
-  std::string head_;
-  // Reused for every write, so a stream allocates nothing per chunk.
-  std::vector<std::string_view> spans_;
-  std::vector<boost::asio::const_buffer> wire_;
   // A member rather than a local of run(): that keeps run()'s frame under
   // the size glibc's per-thread cache serves.
   std::optional<SseScanner> scanner_;
