@@ -11,8 +11,10 @@ using boost::beast::error_code;
 
 namespace {
 
-// Room for a typical SDK request's forwarded lines at once.
-constexpr std::size_t kTypicalForwardedBytes = 512;
+// Room for a typical SDK request's forwarded lines at once, within the
+// largest block the thread's block cache recycles (the string adds a byte
+// for its terminator).
+constexpr std::size_t kTypicalForwardedBytes = BlockCache::kLargestBlock - 1;
 constexpr std::size_t kTypicalWithheldBytes = 192;
 
 }  // namespace
