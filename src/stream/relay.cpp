@@ -71,17 +71,13 @@ void keep_tail(std::string& tail, std::string_view piece) {
   if (tail.size() > kUsageTailBytes) tail.erase(0, tail.size() - kUsageTailBytes);
 }
 
-struct ChunkSize {
-  char text[20];
-  std::size_t length = 0;
-  explicit ChunkSize(std::size_t size) {
-    auto [end, ec] = std::to_chars(text, text + sizeof text - 2, size, 16);
-    *end++ = '\r';
-    *end++ = '\n';
-    length = static_cast<std::size_t>(end - text);
-  }
-  net::const_buffer buffer() const { return {text, length}; }
-};
+// Writes a chunk's size line into `text`, which outlives the write.
+net::const_buffer chunk_size_line(std::array<char, 20>& text, std::size_t size) {
+  auto [end, ec] = std::to_chars(text.data(), text.data() + text.size() - 2, size, 16);
+  *end++ = '\r';
+  *end++ = '\n';
+  return {text.data(), static_cast<std::size_t>(end - text.data())};
+}
 
 constexpr std::string_view kCrlf = "\r\n";
 constexpr std::string_view kLastChunk = "0\r\n\r\n";
@@ -110,34 +106,45 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
   bool head_pending = true;
   // Writes the pending head (once), then `spans` as one HTTP chunk (or as
   // raw bytes for a Content-Length body), then the last chunk if `last`.
-  auto write = [&](std::span<const std::string_view> spans, bool last) -> net::awaitable<bool> {
-    buffers_.wire.clear();
-    if (head_pending) buffers_.wire.push_back(net::buffer(buffers_.head));
+  // Offered to the socket at once: whether it was written, or nullopt when
+  // the rest must be awaited with write_rest. Plain code, not a coroutine:
+  // that would cost a frame for every write of a stream.
+  WriteProgress progress;
+  auto settle = [&] {
+    outcome.bytes_out += progress.written;
+    if (progress.ec) outcome.client_failed = true;
+    return !progress.ec;
+  };
+  auto write_now = [&](std::span<const std::string_view> spans, bool last) -> std::optional<bool> {
+    auto& wire = buffers_.wire;
+    wire.clear();
+    if (head_pending) wire.push_back(net::buffer(buffers_.head));
     std::size_t size = 0;
     for (auto span : spans) size += span.size();
-    ChunkSize chunk_size(size);
     if (size > 0) {
-      if (chunked) buffers_.wire.push_back(chunk_size.buffer());
+      if (chunked) wire.push_back(chunk_size_line(buffers_.chunk_size_line, size));
       for (auto span : spans) {
-        if (!span.empty()) buffers_.wire.push_back(net::buffer(span));
+        if (!span.empty()) wire.push_back(net::buffer(span));
       }
-      if (chunked) buffers_.wire.push_back(net::buffer(kCrlf));
+      if (chunked) wire.push_back(net::buffer(kCrlf));
     }
-    if (last && chunked) buffers_.wire.push_back(net::buffer(kLastChunk));
-    if (buffers_.wire.empty()) co_return true;
+    if (last && chunked) wire.push_back(net::buffer(kLastChunk));
+    if (wire.empty()) return true;
     client_.expires_after(write_timeout_);
-    auto [ec, n] = co_await write_eagerly(client_, &client_.socket(), buffers_.wire);
+    progress = sluice::write_now(&client_.socket(), wire);
     if (head_pending) outcome.first_write = Clock::now();
     head_pending = false;
     outcome.nothing_sent = false;
-    outcome.bytes_out += n;
-    if (ec) outcome.client_failed = true;
-    co_return !ec;
+    if (!progress.finished) return std::nullopt;
+    return settle();
   };
-  auto write_one = [&](std::string_view data, bool last) -> net::awaitable<bool> {
-    // Not a ?: inside the awaited call's arguments (GCC 12 miscompiles those).
-    const std::span<const std::string_view> spans(&data, data.empty() ? 0 : 1);
-    co_return co_await write(spans, last);
+  // The part of a write the socket did not take at once.
+  auto write_rest = [&]() -> net::awaitable<bool> {
+    progress = co_await sluice::write_rest(client_, buffers_.wire, progress);
+    co_return settle();
+  };
+  auto write_one = [&](std::string_view data, bool last) {
+    return write_now(std::span<const std::string_view>(&data, data.empty() ? 0 : 1), last);
   };
 
   // Streams are scanned beside the relay (usage, stripping); a JSON body
@@ -182,7 +189,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
         event += stream_error_event(
             "The upstream stream was interrupted: " + read.error().describe(),
             read.error().is_timeout() ? "upstream_timeout" : "stream_interrupted");
-        co_await write_one(event, true);
+        if (!write_one(event, true)) co_await write_rest();
       }
       co_return outcome;
     }
@@ -195,10 +202,14 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
         scanner_->finish(buffers_.spans);
         outcome.usage = scanner_->usage();
         outcome.events = scanner_->events();
-        outcome.complete = co_await write(buffers_.spans, true);
+        auto written = write_now(buffers_.spans, true);
+        if (!written) written = co_await write_rest();
+        outcome.complete = *written;
       } else {
         outcome.usage = json_usage ? json_usage : usage_from_json_tail(tail);
-        outcome.complete = co_await write_one({}, true);
+        auto written = write_one({}, true);
+        if (!written) written = co_await write_rest();
+        outcome.complete = *written;
       }
       co_return outcome;
     }
@@ -215,7 +226,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     // A Content-Length body's last piece is written before the read that
     // reports its end.
     if (!chunked && body_read >= *content_length) report_completion();
-    bool written;
+    std::optional<bool> written = true;
     if (scanner_) {
       if (options.gaps) {
         auto now = Clock::now();
@@ -228,18 +239,18 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
       buffers_.spans.clear();
       scanner_->feed(piece, buffers_.spans);
       // A piece that only completed a stripped event leaves nothing to write.
-      written = true;
-      if (!buffers_.spans.empty()) written = co_await write(buffers_.spans, false);
+      if (!buffers_.spans.empty()) written = write_now(buffers_.spans, false);
     } else if (!chunked && body_read >= *content_length && tail.empty()) {
       // The whole body in one piece (the usual case): its usage is read
       // where it lies, before the next read reuses the buffer.
-      written = co_await write_one(piece, false);
+      written = write_one(piece, false);
       json_usage = usage_from_json_tail(piece);
     } else {
       keep_tail(tail, piece);
-      written = co_await write_one(piece, false);
+      written = write_one(piece, false);
     }
-    if (!written) co_return outcome;
+    if (!written) written = co_await write_rest();
+    if (!*written) co_return outcome;
   }
 }
 

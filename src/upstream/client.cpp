@@ -274,7 +274,9 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
     auto& conn = *exchange->connection_;
     const auto head_deadline = std::min(Clock::now() + limits.ttft, limits.deadline);
     conn.tcp().expires_at(head_deadline);
-    auto [write_ec, written] = co_await write_eagerly(conn, conn.plain_socket(), wire);
+    auto sent = write_now(conn.plain_socket(), wire);
+    if (!sent.finished) sent = co_await write_rest(conn, wire, sent);
+    const error_code write_ec = sent.ec;
     timing.sent = Clock::now();
     if (write_ec) {
       exchange->failed_ = true;

@@ -4,7 +4,16 @@
 // answer), and the broken exchange leaves no descriptor or pool slot behind.
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <array>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/string_body.hpp>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "sluice/stream/relay.hpp"
 #include "support/gateway_fixture.hpp"
@@ -150,6 +159,95 @@ TEST_F(RelayFaults, SlowDripIsRelayedWhole) {
   // Read to its end, the upstream connection is pooled.
   EXPECT_TRUE(eventually([&] { return gateway_->idle_upstream_connections() == 1; }, 1s));
   expect_nothing_left();
+}
+
+// A client that reads nothing for a while, with a small receive buffer: the
+// relay's writes find the socket full and the rest of each is awaited. The
+// answer must still arrive whole and in order, streamed (chunked, each chunk
+// with its size line) or not.
+class RelayBackpressure : public ::testing::Test {
+ protected:
+  void start(unsigned tokens) {
+    mock::Behaviour behaviour;
+    behaviour.tokens = tokens;
+    upstream_ = start_mock(behaviour);
+    gateway_ = std::make_unique<TestGateway>(
+        "models:\n  - name: chat\n    deployments:\n" +
+        deployment_yaml("d1", upstream_->base_url(), kNoWarmConnections));
+  }
+
+  // Sends the request, waits before reading, then reads the answer to the
+  // end of the connection and parses it.
+  HttpResponse request_reading_late(bool stream) {
+    namespace net = boost::asio;
+    namespace http = boost::beast::http;
+    net::io_context io;
+    net::ip::tcp::socket socket(io);
+    socket.open(net::ip::tcp::v4());
+    socket.set_option(net::socket_base::receive_buffer_size(4096));
+    const timeval read_timeout{10, 0};  // a stalled relay fails the test, not hangs it
+    setsockopt(socket.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &read_timeout, sizeof read_timeout);
+    socket.connect({net::ip::make_address("127.0.0.1"), gateway_->port()});
+    const std::string body = chat_body("chat", stream);
+    const std::string request =
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+        "Content-Type: application/json\r\nConnection: close\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+    net::write(socket, net::buffer(request));
+    std::this_thread::sleep_for(300ms);
+    std::string received;
+    std::array<char, 65536> piece;
+    for (;;) {
+      boost::system::error_code ec;
+      const auto n = socket.read_some(net::buffer(piece), ec);
+      received.append(piece.data(), n);
+      if (ec) break;
+    }
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(64 * 1024 * 1024);
+    parser.eager(true);
+    boost::system::error_code ec;
+    parser.put(net::buffer(received), ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_TRUE(parser.is_done());
+    HttpResponse response;
+    response.status = parser.get().result_int();
+    response.body = parser.get().body();
+    return response;
+  }
+
+  std::unique_ptr<mock::MockServer> upstream_;
+  std::unique_ptr<TestGateway> gateway_;
+};
+
+TEST_F(RelayBackpressure, ALargeBodyArrivesWhole) {
+  constexpr unsigned kTokens = 300000;  // a body of about 3 MB
+  start(kTokens);
+  auto response = request_reading_late(false);
+  ASSERT_EQ(response.status, 200u);
+  auto parsed = json::parse(response.body, nullptr, false);
+  ASSERT_TRUE(parsed.is_object()) << response.body.substr(0, 200);
+  const std::string content = parsed["choices"][0]["message"]["content"];
+  std::string expected;
+  for (unsigned i = 0; i < kTokens; ++i) expected += "tok" + std::to_string(i) + " ";
+  EXPECT_TRUE(content == expected)
+      << "content of " << content.size() << " bytes, " << expected.size() << " expected";
+}
+
+TEST_F(RelayBackpressure, AStreamArrivesWholeAndInOrder) {
+  constexpr unsigned kTokens = 20000;  // about 3 MB of events
+  start(kTokens);
+  auto response = request_reading_late(true);
+  ASSERT_EQ(response.status, 200u);
+  auto events = sse_data(response.body);
+  ASSERT_EQ(events.size(), kTokens + 2);  // the tokens, the finish chunk, [DONE]
+  for (unsigned i = 0; i < kTokens; ++i) {
+    auto chunk = json::parse(events[i], nullptr, false);
+    ASSERT_TRUE(chunk.is_object()) << "event " << i;
+    ASSERT_EQ(chunk["choices"][0]["delta"]["content"], "tok" + std::to_string(i) + " ") << i;
+  }
+  EXPECT_EQ(events.back(), "[DONE]");
 }
 
 // A non-streaming body's usage is read from the last bytes the relay kept;

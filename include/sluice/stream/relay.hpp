@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
@@ -75,6 +76,7 @@ class Relay {
     std::string head;
     std::vector<std::string_view> spans;
     std::vector<boost::asio::const_buffer> wire;
+    std::array<char, 20> chunk_size_line{};  // of the chunk being written
   };
 
   Relay(boost::beast::tcp_stream& client, Buffers& buffers, std::chrono::milliseconds write_timeout)
