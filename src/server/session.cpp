@@ -140,7 +140,10 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     head_ec = read_deadline.translate(head_ec);
     if (head_ec == net::error::eof) head_ec = http::error::end_of_stream;
     if (!head_ec) {
-      head_ec = co_await read_http(client.socket(), buffer, request, false, read_deadline);
+      auto settled = parse_buffered(buffer, request, false);
+      if (!settled)
+        settled = co_await read_http(client.socket(), buffer, request, false, read_deadline);
+      head_ec = *settled;
     }
     tracked.idle = false;
     if (head_ec) {
@@ -155,10 +158,13 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
         co_await net::async_write(client, net::buffer("HTTP/1.1 100 Continue\r\n\r\n", 25),
                                   as_tuple(use_awaitable));
       }
-      read_deadline.expires_after(limits.body_timeout);
-      auto body_ec = co_await read_http(client.socket(), buffer, request, true, read_deadline);
-      if (body_ec) {
-        co_await answer_unreadable(client, body_ec, limits);
+      auto body_ec = parse_buffered(buffer, request, true);
+      if (!body_ec) {
+        read_deadline.expires_after(limits.body_timeout);
+        body_ec = co_await read_http(client.socket(), buffer, request, true, read_deadline);
+      }
+      if (*body_ec) {
+        co_await answer_unreadable(client, *body_ec, limits);
         break;
       }
     }

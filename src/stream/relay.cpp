@@ -154,7 +154,8 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     scanner_.emplace();
     scanner_->set_strip_usage_only_chunks(options.strip_usage_only_chunks);
   }
-  std::string tail;
+  auto& tail = buffers_.json_tail;
+  tail.clear();
   std::optional<Usage> json_usage;  // a JSON body's, once its end has been seen
   std::uint64_t body_read = 0;
   bool completion_reported = false;
@@ -170,30 +171,32 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     if (filled_buffer && buffers_.read.size() < kLargestRead) {
       buffers_.read.resize(std::min(buffers_.read.size() * 2, kLargestRead));
     }
-    auto read = co_await exchange.read_body(buffers_.read.data(), buffers_.read.size());
-    if (!read) {
-      outcome.upstream_error = read.error();
+    // Named once: every local of this frame takes a slot of its own.
+    auto read = exchange.read_buffered_body(buffers_.read.data(), buffers_.read.size());
+    if (!read) read = co_await exchange.read_body(buffers_.read.data(), buffers_.read.size());
+    if (!read->ok()) {
+      outcome.upstream_error = read->error();
       if (scanner_) {
         outcome.usage = scanner_->usage();
         outcome.events = scanner_->events();
       }
-      if (outcome.nothing_sent && read.error().failure != upstream::Failure::aborted) {
+      if (outcome.nothing_sent && read->error().failure != upstream::Failure::aborted) {
         // Nothing reached the client: the caller may still fail over.
         co_return outcome;
       }
       if (event_stream && !outcome.client_failed &&
-          read.error().failure != upstream::Failure::aborted) {
+          read->error().failure != upstream::Failure::aborted) {
         // A partial event already sent is ended first, so the error event
         // stands on its own.
         std::string event = scanner_->at_event_boundary() ? "" : "\n\n";
         event += stream_error_event(
-            "The upstream stream was interrupted: " + read.error().describe(),
-            read.error().is_timeout() ? "upstream_timeout" : "stream_interrupted");
+            "The upstream stream was interrupted: " + read->error().describe(),
+            read->error().is_timeout() ? "upstream_timeout" : "stream_interrupted");
         if (!write_one(event, true)) co_await write_rest();
       }
       co_return outcome;
     }
-    std::size_t n = read.value();
+    std::size_t n = read->value();
     filled_buffer = n == buffers_.read.size();
     if (n == 0) {
       report_completion();

@@ -119,30 +119,34 @@ UpstreamError Exchange::classify(const error_code& ec, bool expecting_head) cons
   return {Failure::body_interrupted, ec};
 }
 
-net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* data,
-                                                                       std::size_t capacity) {
+std::optional<Result<std::size_t, UpstreamError>> Exchange::read_buffered_body(
+    char* data, std::size_t capacity) {
   auto& buffered = connection_->read_buffer();
   parser_->set_body_buffer(data, capacity);
-  auto produced = [&] { return capacity - parser_->body_space_left(); };
-  auto space_left = [&] { return parser_->body_space_left() > 0; };
-  while (!parser_->is_done()) {
-    if (buffered.size() > 0) {
-      // Bytes that came with the head (often the whole body) or with the
-      // last read are parsed here: an async read would find them too, but
-      // only after a trip through the event loop.
-      error_code ec;
-      const std::size_t used = parser_->put(buffered.data(), ec);
-      buffered.consume(used);
-      if (ec == http::error::need_buffer || ec == http::error::need_more) ec = {};
-      if (ec) {
-        failed_ = true;
-        co_return classify(ec, false);
-      }
-      // Pieces that arrived together (chunks, events) leave as one write.
-      if (used > 0 && buffered.size() > 0 && space_left()) continue;
-      if (produced() > 0 || parser_->is_done()) break;
+  while (!parser_->is_done() && buffered.size() > 0) {
+    error_code ec;
+    const std::size_t used = parser_->put(buffered.data(), ec);
+    buffered.consume(used);
+    if (ec == http::error::need_buffer || ec == http::error::need_more) ec = {};
+    if (ec) {
+      failed_ = true;
+      return classify(ec, false);
     }
+    // Pieces that arrived together (chunks, events) leave as one write.
+    if (used == 0 || buffered.size() == 0 || parser_->body_space_left() == 0) break;
+  }
+  // 0 only once the body is complete: a last piece is returned first.
+  const std::size_t produced = capacity - parser_->body_space_left();
+  if (produced > 0 || parser_->is_done()) return produced;
+  return std::nullopt;
+}
+
+net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* data,
+                                                                       std::size_t capacity) {
+  for (;;) {
+    if (auto buffered = read_buffered_body(data, capacity)) co_return std::move(*buffered);
     const auto read_deadline = std::min(Clock::now() + limits_.idle, limits_.deadline);
+    auto& buffered = connection_->read_buffer();
     error_code ec;
     if (auto* socket = connection_->plain_socket()) {
       connection_->read_deadline().expires_at(read_deadline);
@@ -156,20 +160,20 @@ net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* dat
         if (!ec) continue;  // parsed at the top of the loop
       }
     } else {
+      // Beast's read parses into the body buffer read_buffered_body set.
       connection_->tcp().expires_at(read_deadline);
       auto [tls_ec, unused] =
           co_await http::async_read_some(*connection_, buffered, *parser_, as_tuple(use_awaitable));
-      ec = tls_ec;
+      ec = tls_ec == http::error::need_buffer ? error_code{} : tls_ec;
+      if (!ec) {
+        const std::size_t produced = capacity - parser_->body_space_left();
+        if (produced > 0 || parser_->is_done()) co_return produced;
+        continue;
+      }
     }
-    if (ec == http::error::need_buffer) ec = {};
-    if (ec) {
-      failed_ = true;
-      co_return classify(ec, false);
-    }
-    if (produced() > 0) break;
+    failed_ = true;
+    co_return classify(ec, false);
   }
-  // 0 only once the body is complete: a last piece is returned first.
-  co_return produced();
 }
 
 net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::connect(

@@ -7,6 +7,7 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/read_size.hpp>
 #include <boost/beast/http/error.hpp>
+#include <optional>
 
 #include "sluice/common/errors.hpp"
 #include "sluice/common/socket_deadline.hpp"
@@ -41,6 +42,27 @@ error_code settle_read(error_code ec, std::size_t bytes, boost::beast::flat_buff
   return ec;
 }
 
+// Parses what `buffer` holds already, in plain code: the outcome when that
+// settles the read (the head, or with `whole` the whole message, or an
+// error), nullopt when the socket must be read (read_http). A request or
+// response usually arrives whole with its first read, and awaiting a
+// coroutine that has nothing to wait for would cost a frame.
+template <class Parser>
+std::optional<error_code> parse_buffered(boost::beast::flat_buffer& buffer, Parser& parser,
+                                         bool whole) {
+  auto finished = [&] { return whole ? parser.is_done() : parser.is_header_done(); };
+  while (buffer.size() > 0) {
+    error_code ec;
+    const std::size_t used = parser.put(buffer.data(), ec);
+    buffer.consume(used);
+    if (ec && ec != boost::beast::http::error::need_more) return ec;
+    if (finished()) return error_code{};
+    // The head parsed, now the body.
+    if (ec || used == 0 || buffer.size() == 0) break;
+  }
+  return std::nullopt;
+}
+
 // Reads until the parser has the head, or with `whole` the whole message.
 template <class Parser>
 boost::asio::awaitable<error_code> read_http(boost::asio::ip::tcp::socket& socket,
@@ -48,14 +70,7 @@ boost::asio::awaitable<error_code> read_http(boost::asio::ip::tcp::socket& socke
                                              bool whole, const SocketDeadline& deadline) {
   auto finished = [&] { return whole ? parser.is_done() : parser.is_header_done(); };
   for (;;) {
-    if (buffer.size() > 0) {
-      error_code ec;
-      const std::size_t used = parser.put(buffer.data(), ec);
-      buffer.consume(used);
-      if (ec && ec != boost::beast::http::error::need_more) co_return ec;
-      if (finished()) co_return error_code{};
-      if (!ec && used > 0 && buffer.size() > 0) continue;  // the head parsed, now the body
-    }
+    if (auto settled = parse_buffered(buffer, parser, whole)) co_return *settled;
     // The socket's read is awaited here, not through a coroutine of its
     // own: that would be one frame more per read.
     const std::size_t size = read_room(buffer);

@@ -77,6 +77,7 @@ class Relay {
     std::vector<std::string_view> spans;
     std::vector<boost::asio::const_buffer> wire;
     std::array<char, 20> chunk_size_line{};  // of the chunk being written
+    std::string json_tail;                   // the last bytes of a JSON body read so far
   };
 
   Relay(boost::beast::tcp_stream& client, Buffers& buffers, std::chrono::milliseconds write_timeout)

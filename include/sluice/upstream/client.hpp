@@ -118,6 +118,12 @@ class Exchange {
   // of bytes read, 0 once the body is complete.
   boost::asio::awaitable<Result<std::size_t, UpstreamError>> read_body(char* data,
                                                                        std::size_t capacity);
+  // The same from what the connection has buffered already, in plain code;
+  // nullopt when the socket must be read (then read_body). Most bodies come
+  // with their head, and most events whole: awaiting a coroutine for them
+  // would cost a frame each.
+  std::optional<Result<std::size_t, UpstreamError>> read_buffered_body(char* data,
+                                                                       std::size_t capacity);
 
   // Closes the connection now; it will not be reused.
   void abort();
