@@ -792,20 +792,19 @@ void account(RequestContext& context, bool client_gone) {
 
 }  // namespace
 
-net::awaitable<bool> Pipeline::handle(RequestContext& context) {
-  auto& request = context.request;
-  auto& gateway_metrics = context.worker.gateway().metrics();
-  gateway_metrics.requests_in_flight.add(1);
+void Pipeline::begin(RequestContext& context) {
+  context.worker.gateway().metrics().requests_in_flight.add(1);
   context.record.timestamp = std::chrono::system_clock::now() -
                              std::chrono::duration_cast<std::chrono::system_clock::duration>(
                                  Clock::now() - context.head_started);
   auto next_random = [&worker = context.worker] { return worker.next_random(); };
-  auto incoming = metrics::parse_traceparent(request["traceparent"]);
+  auto incoming = metrics::parse_traceparent(context.request["traceparent"]);
   context.trace = incoming ? *incoming : metrics::new_trace_context(next_random);
-  bool keep = co_await serve(context);
-  gateway_metrics.requests_in_flight.sub(1);
+}
+
+void Pipeline::end(RequestContext& context, bool keep) {
+  context.worker.gateway().metrics().requests_in_flight.sub(1);
   account(context, !keep && context.client_gone);
-  co_return keep;
 }
 
 namespace {
@@ -992,8 +991,11 @@ void prepare_forwarding(RequestContext& context, ProxyJob& job, const Screening&
 // the gateway can (refusals, /health, /v1/models, cache hits). Returns
 // whether the connection may go on when it answered; nullopt when `job` is
 // ready to go upstream.
-net::awaitable<std::optional<bool>> admit_request(RequestContext& context, ProxyJob& job) {
-  auto screening = screen_request(context, job);
+// The requests that need more than forwarding: answers of the gateway's
+// own, and the cache.
+net::awaitable<std::optional<bool>> admit_request(RequestContext& context, ProxyJob& job,
+                                                  std::unique_ptr<Screening> pending) {
+  const auto& screening = *pending;
   switch (screening.verdict) {
     case Screening::Verdict::refuse:
       co_return co_await respond_error(context, *screening.refusal, screening.refusal_fields);
@@ -1023,24 +1025,48 @@ net::awaitable<std::optional<bool>> admit_request(RequestContext& context, Proxy
   co_return std::nullopt;
 }
 
+// Screens the request. One that only needs forwarding (the usual case) is
+// prepared for it here, in plain code, and null is returned; otherwise the
+// screening, for admit_request, on the heap: it is rare, and large for the
+// frame every request allocates.
+std::unique_ptr<Screening> screen_and_prepare(RequestContext& context, ProxyJob& job) {
+  auto screening = screen_request(context, job);
+  if (screening.verdict == Screening::Verdict::proceed &&
+      context.model->cache.mode == config::Cache::Mode::off) {
+    prepare_forwarding(context, job, screening);
+    return nullptr;
+  }
+  return std::make_unique<Screening>(std::move(screening));
+}
+
 }  // namespace
 
-net::awaitable<bool> Pipeline::serve(RequestContext& context) {
-  // The stages before the upstream run in a frame of their own, gone by the
-  // time the answer is relayed: a held stream keeps only `job` alive here.
+net::awaitable<bool> Pipeline::handle(RequestContext& context) {
+  begin(context);
+  // Only the stages before the upstream that must wait (answers of the
+  // gateway's own, the cache) run in a frame of their own; a held stream
+  // keeps only `job` alive here.
   ProxyJob job;
-  auto answered = co_await admit_request(context, job);
-  if (answered) co_return *answered;
-
-  auto& watch = context.watch;
-  watch.start();
-  bool keep = co_await proxy(context, job.inputs, watch);
-  // Settled as soon as the response has ended: the client may already be
-  // sending its next request.
-  context.snapshot->auth->complete(job.admission, context.usage_tokens, Clock::now());
-  watch.stop();
-  context.client_gone = watch.client_gone();
-  co_return keep && !watch.client_gone();
+  std::optional<bool> answered;
+  if (auto pending = screen_and_prepare(context, job)) {
+    answered = co_await admit_request(context, job, std::move(pending));
+  }
+  bool keep = false;
+  if (answered) {
+    keep = *answered;
+  } else {
+    auto& watch = context.watch;
+    watch.start();
+    keep = co_await proxy(context, job.inputs, watch);
+    // Settled as soon as the response has ended: the client may already be
+    // sending its next request.
+    context.snapshot->auth->complete(job.admission, context.usage_tokens, Clock::now());
+    watch.stop();
+    context.client_gone = watch.client_gone();
+    keep = keep && !watch.client_gone();
+  }
+  end(context, keep);
+  co_return keep;
 }
 
 }  // namespace sluice::server

@@ -69,7 +69,9 @@ class Pipeline {
   static boost::asio::awaitable<bool> handle(RequestContext& context);
 
  private:
-  static boost::asio::awaitable<bool> serve(RequestContext& context);
+  // The bookkeeping around every request: in flight, trace, access log.
+  static void begin(RequestContext& context);
+  static void end(RequestContext& context, bool keep);
 };
 
 // Writes a complete response with any body / a JSON body.
