@@ -32,6 +32,16 @@ TEST(TraceContext, AppendsTraceparentAfterWhatIsThere) {
   EXPECT_EQ(parsed->traceparent(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
 }
 
+// Ids are written most significant byte first, whatever the machine's order.
+TEST(TraceContext, MadeIdsAreBigEndian) {
+  EXPECT_EQ(make_trace_context(0x0123456789abcdef, 0xfedcba9876543210, 0x1122334455667788, 1)
+                .traceparent(),
+            "00-0123456789abcdeffedcba9876543210-1122334455667788-01");
+  // All-zero ids are invalid, so a zero draw becomes 1.
+  EXPECT_EQ(make_trace_context(0, 0, 0, 0).traceparent(),
+            "00-00000000000000000000000000000001-0000000000000001-00");
+}
+
 TEST(TraceContext, AcceptsValidVariants) {
   // Unsampled, other flag bits (kept as they are), surrounding whitespace.
   EXPECT_EQ(parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")->flags,
