@@ -10,24 +10,15 @@
 #include <string_view>
 #include <vector>
 
+#include "support/feed_parser.hpp"
+
 namespace sluice::server {
 namespace {
 
 namespace http = boost::beast::http;
 using boost::beast::error_code;
 
-// Feeds `bytes` to `request` until it stops taking them; returns how many it
-// took.
-std::size_t feed(ClientRequest& request, std::string_view bytes, error_code& ec) {
-  std::size_t used = 0;
-  while (used < bytes.size()) {
-    ec = {};
-    auto taken = request.put(boost::asio::buffer(bytes.data() + used, bytes.size() - used), ec);
-    used += taken;
-    if (ec || taken == 0) break;
-  }
-  return used;
-}
+using sluice::testing::feed_parser;
 
 TEST(ClientRequest, SplitsTheFieldsIntoForwardedAndWithheldLines) {
   const std::string text =
@@ -47,7 +38,7 @@ TEST(ClientRequest, SplitsTheFieldsIntoForwardedAndWithheldLines) {
       "{}";
   ClientRequest request;
   error_code ec;
-  EXPECT_EQ(feed(request, text, ec), text.size());
+  EXPECT_EQ(feed_parser(request, text, ec), text.size());
   ASSERT_FALSE(ec) << ec.message();
   ASSERT_TRUE(request.is_done());
   EXPECT_EQ(request.method(), http::verb::post);
@@ -84,7 +75,7 @@ TEST(ClientRequest, RepeatedFieldsAreAllKeptAndTheFirstIsLookedUp) {
       "\r\n";
   ClientRequest request;
   error_code ec;
-  EXPECT_EQ(feed(request, text, ec), text.size());
+  EXPECT_EQ(feed_parser(request, text, ec), text.size());
   ASSERT_FALSE(ec) << ec.message();
   EXPECT_EQ(request.version(), 10u);
   EXPECT_FALSE(request.keep_alive());  // HTTP/1.0 without keep-alive
@@ -106,7 +97,7 @@ TEST(ClientRequest, AChunkedBodyArrivesWholeWhateverThePieces) {
   const std::string body = "5\r\n{\"a\":\r\n3\r\n12}\r\n0\r\n\r\n";
   ClientRequest request;
   error_code ec;
-  EXPECT_EQ(feed(request, head, ec), head.size());
+  EXPECT_EQ(feed_parser(request, head, ec), head.size());
   ASSERT_FALSE(ec) << ec.message();
   EXPECT_FALSE(request.is_done());
   EXPECT_FALSE(request.keep_alive());
@@ -115,7 +106,7 @@ TEST(ClientRequest, AChunkedBodyArrivesWholeWhateverThePieces) {
   std::string pending;
   for (char c : body) {
     pending.push_back(c);
-    auto taken = feed(request, pending, ec);
+    auto taken = feed_parser(request, pending, ec);
     if (ec == http::error::need_more) ec = {};
     ASSERT_FALSE(ec) << ec.message();
     pending.erase(0, taken);
@@ -128,7 +119,7 @@ TEST(ClientRequest, KeepsAMethodBeastDoesNotKnow) {
   const std::string text = "BREW /pot HTTP/1.1\r\nHost: x\r\n\r\n";
   ClientRequest request;
   error_code ec;
-  EXPECT_EQ(feed(request, text, ec), text.size());
+  EXPECT_EQ(feed_parser(request, text, ec), text.size());
   ASSERT_FALSE(ec) << ec.message();
   EXPECT_EQ(request.method(), http::verb::unknown);
   EXPECT_EQ(request.method_string(), "BREW");
@@ -140,26 +131,26 @@ TEST(ClientRequest, LimitsAndBadHeadsAreErrors) {
     ClientRequest request;
     request.header_limit(64);
     error_code ec;
-    feed(request, "POST / HTTP/1.1\r\nX-Long: " + std::string(100, 'a') + "\r\n\r\n", ec);
+    feed_parser(request, "POST / HTTP/1.1\r\nX-Long: " + std::string(100, 'a') + "\r\n\r\n", ec);
     EXPECT_EQ(ec, http::error::header_limit);
   }
   {
     ClientRequest request;
     request.body_limit(4);
     error_code ec;
-    feed(request, "POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789", ec);
+    feed_parser(request, "POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789", ec);
     EXPECT_EQ(ec, http::error::body_limit);
   }
   {
     ClientRequest request;
     error_code ec;
-    feed(request, "HTTP/1.1 200 OK\r\n\r\n", ec);
+    feed_parser(request, "HTTP/1.1 200 OK\r\n\r\n", ec);
     EXPECT_TRUE(ec);
   }
   {
     ClientRequest request;
     error_code ec;
-    feed(request, "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", ec);
+    feed_parser(request, "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", ec);
     EXPECT_TRUE(ec);
   }
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "sluice/common/http_head.hpp"
+#include "support/feed_parser.hpp"
 
 namespace sluice::upstream {
 namespace {
@@ -19,17 +20,7 @@ namespace {
 namespace http = boost::beast::http;
 using boost::beast::error_code;
 
-// Feeds `bytes` to `parser` until it stops taking them; returns how many it took.
-std::size_t feed(ResponseParser& parser, std::string_view bytes, error_code& ec) {
-  std::size_t used = 0;
-  while (used < bytes.size()) {
-    ec = {};
-    auto taken = parser.put(boost::asio::buffer(bytes.data() + used, bytes.size() - used), ec);
-    used += taken;
-    if (ec || taken == 0) break;
-  }
-  return used;
-}
+using sluice::testing::feed_parser;
 
 TEST(ResponseParser, KeepsEndToEndFieldsAsReceivedAndDropsHopByHopOnes) {
   const std::string head =
@@ -49,7 +40,7 @@ TEST(ResponseParser, KeepsEndToEndFieldsAsReceivedAndDropsHopByHopOnes) {
   char body[16];
   parser.set_body_buffer(body, sizeof body);
   error_code ec;
-  EXPECT_EQ(feed(parser, head, ec), head.size());
+  EXPECT_EQ(feed_parser(parser, head, ec), head.size());
   ASSERT_FALSE(ec) << ec.message();
   ASSERT_TRUE(parser.is_done());
   EXPECT_EQ(parser.status(), 429u);
@@ -76,7 +67,7 @@ TEST(ResponseParser, EventStreamWithoutLengthAndADatedRetryAfter) {
       "\r\n";
   ResponseParser parser;
   error_code ec;
-  feed(parser, head, ec);
+  feed_parser(parser, head, ec);
   ASSERT_TRUE(parser.is_header_done());
   EXPECT_TRUE(parser.is_event_stream());
   EXPECT_FALSE(parser.retry_after().has_value());
@@ -89,7 +80,7 @@ TEST(ResponseParser, EventStreamWithoutLengthAndADatedRetryAfter) {
 TEST(ResponseParser, NoContentTypeIsEmpty) {
   ResponseParser parser;
   error_code ec;
-  feed(parser, "HTTP/1.1 204 No Content\r\nServer: x\r\n\r\n", ec);
+  feed_parser(parser, "HTTP/1.1 204 No Content\r\nServer: x\r\n\r\n", ec);
   ASSERT_TRUE(parser.is_done());
   EXPECT_EQ(parser.status(), 204u);
   EXPECT_EQ(parser.content_type(), "");
@@ -115,7 +106,7 @@ TEST(ResponseParser, ChunkedBodyFillsOneBufferAfterAnother) {
   ResponseParser parser;
   parser.header_limit(8192);
   error_code ec;
-  std::size_t used = feed(parser, wire, ec);
+  std::size_t used = feed_parser(parser, wire, ec);
   ASSERT_TRUE(parser.is_header_done());
   // No buffer yet: the body waits.
   EXPECT_EQ(ec, http::error::need_buffer);
@@ -138,7 +129,7 @@ TEST(ResponseParser, ContentLengthBodyStopsWhenTheBufferIsFull) {
   const std::string wire = "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789";
   ResponseParser parser;
   error_code ec;
-  std::size_t used = feed(parser, wire, ec);
+  std::size_t used = feed_parser(parser, wire, ec);
   char first[4];
   parser.set_body_buffer(first, sizeof first);
   ec = {};
@@ -158,7 +149,7 @@ TEST(ResponseParser, ContentLengthBodyStopsWhenTheBufferIsFull) {
 TEST(ResponseParser, RefusesSomethingThatIsNotAResponse) {
   ResponseParser parser;
   error_code ec;
-  feed(parser, "POST /v1/chat/completions HTTP/1.1\r\n\r\n", ec);
+  feed_parser(parser, "POST /v1/chat/completions HTTP/1.1\r\n\r\n", ec);
   EXPECT_TRUE(ec);
 }
 
