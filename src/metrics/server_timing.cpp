@@ -22,11 +22,12 @@ char* put(char* at, std::string_view text) {
 }
 
 char* put_milliseconds(char* at, Clock::duration duration) {
-  // Integer arithmetic on whole microseconds, rounded to nearest: exact, and
-  // cheaper than formatting a double. Durations are never negative; a clock
-  // oddity shows as 0 rather than as a malformed header.
-  const std::int64_t micros =
-      std::max<std::int64_t>(std::chrono::round<std::chrono::microseconds>(duration).count(), 0);
+  // Integer arithmetic on whole microseconds, rounded to nearest (half up):
+  // exact, and cheaper than formatting a double. Not std::chrono::round,
+  // which overflows near the largest duration. Durations are never negative;
+  // a clock oddity shows as 0 rather than as a malformed header.
+  const std::int64_t nanos = std::max<std::int64_t>(std::chrono::nanoseconds(duration).count(), 0);
+  const std::int64_t micros = nanos / 1000 + (nanos % 1000 >= 500 ? 1 : 0);
   at = std::to_chars(at, at + kMaxDigits, micros / 1000).ptr;
   const auto fraction = static_cast<unsigned>(micros % 1000);
   if (fraction == 0) return at;

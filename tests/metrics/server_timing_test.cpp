@@ -63,6 +63,7 @@ TEST(ServerTiming, MillisecondsHaveAtMostThreeDecimals) {
   EXPECT_EQ(ms(microseconds(99999)), "99.999");
   EXPECT_EQ(ms(nanoseconds(1'234'567)), "1.235");  // rounded to the microsecond
   EXPECT_EQ(ms(nanoseconds(400)), "0");
+  EXPECT_EQ(ms(nanoseconds(2'500)), "0.003");  // half a microsecond rounds up
   EXPECT_EQ(ms(std::chrono::seconds(90)), "90000");
   EXPECT_EQ(ms(-5ms), "0");
 }
