@@ -119,6 +119,19 @@ UpstreamError Exchange::classify(const error_code& ec, bool expecting_head) cons
   return {Failure::body_interrupted, ec};
 }
 
+namespace {
+
+// What a read of the body into a buffer of `capacity` came to: the bytes it
+// holds, or 0 once the body is complete (a last piece is returned first);
+// nullopt when there is nothing to return yet.
+std::optional<std::size_t> body_produced(const ResponseParser& parser, std::size_t capacity) {
+  const std::size_t produced = capacity - parser.body_space_left();
+  if (produced > 0 || parser.is_done()) return produced;
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<Result<std::size_t, UpstreamError>> Exchange::read_buffered_body(
     char* data, std::size_t capacity) {
   auto& buffered = connection_->read_buffer();
@@ -135,9 +148,7 @@ std::optional<Result<std::size_t, UpstreamError>> Exchange::read_buffered_body(
     // Pieces that arrived together (chunks, events) leave as one write.
     if (used == 0 || buffered.size() == 0 || parser_->body_space_left() == 0) break;
   }
-  // 0 only once the body is complete: a last piece is returned first.
-  const std::size_t produced = capacity - parser_->body_space_left();
-  if (produced > 0 || parser_->is_done()) return produced;
+  if (auto produced = body_produced(*parser_, capacity)) return *produced;
   return std::nullopt;
 }
 
@@ -166,8 +177,7 @@ net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* dat
           co_await http::async_read_some(*connection_, buffered, *parser_, as_tuple(use_awaitable));
       ec = tls_ec == http::error::need_buffer ? error_code{} : tls_ec;
       if (!ec) {
-        const std::size_t produced = capacity - parser_->body_space_left();
-        if (produced > 0 || parser_->is_done()) co_return produced;
+        if (auto produced = body_produced(*parser_, capacity)) co_return *produced;
         continue;
       }
     }
