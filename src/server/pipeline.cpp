@@ -625,9 +625,9 @@ net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& cont
   constexpr std::size_t kMaxInternalBody = 16 * 1024 * 1024;
   ProxyInputs inputs;
   inputs.endpoint = endpoint;
-  const std::string forward_fields =
+  const std::string added_fields =
       "Content-Type: application/json\r\nx-request-id: " + context.request_id + "\r\n";
-  inputs.gateway_fields = forward_fields;
+  inputs.gateway_fields = added_fields;
   inputs.body_prefix = R"({"model":)";
   inputs.body_suffix = body_after_model;
   auto plan = context.snapshot->router->plan(model, false, context.worker.next_random());

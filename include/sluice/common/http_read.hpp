@@ -51,6 +51,8 @@ template <class Parser>
 std::optional<error_code> parse_buffered(boost::beast::flat_buffer& buffer, Parser& parser,
                                          bool whole) {
   auto finished = [&] { return whole ? parser.is_done() : parser.is_header_done(); };
+  // A read that ended the message (the end of the stream) leaves nothing to parse.
+  if (finished()) return error_code{};
   while (buffer.size() > 0) {
     error_code ec;
     const std::size_t used = parser.put(buffer.data(), ec);
@@ -68,7 +70,6 @@ template <class Parser>
 boost::asio::awaitable<error_code> read_http(boost::asio::ip::tcp::socket& socket,
                                              boost::beast::flat_buffer& buffer, Parser& parser,
                                              bool whole, const SocketDeadline& deadline) {
-  auto finished = [&] { return whole ? parser.is_done() : parser.is_header_done(); };
   for (;;) {
     if (auto settled = parse_buffered(buffer, parser, whole)) co_return *settled;
     // The socket's read is awaited here, not through a coroutine of its
@@ -78,7 +79,6 @@ boost::asio::awaitable<error_code> read_http(boost::asio::ip::tcp::socket& socke
     auto [read_ec, n] = co_await socket.async_read_some(
         buffer.prepare(size), boost::asio::as_tuple(boost::asio::use_awaitable));
     if (auto ec = settle_read(read_ec, n, buffer, parser, deadline)) co_return ec;
-    if (finished()) co_return error_code{};
   }
 }
 
