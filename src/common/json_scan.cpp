@@ -9,7 +9,7 @@ namespace {
 
 class Scanner {
  public:
-  explicit Scanner(std::string_view text) : text_(text) {}
+  explicit Scanner(std::string_view text, std::size_t pos = 0) : text_(text), pos_(pos) {}
 
   void skip_whitespace() {
     while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' ||
@@ -125,24 +125,39 @@ void append_utf8(std::string& out, unsigned long code_point) {
 
 }  // namespace
 
-bool for_each_top_level_member(std::string_view json,
-                               const std::function<void(std::string_view, ValueSpan)>& visit) {
-  Scanner scanner(json);
-  if (!scanner.consume('{')) return false;
-  if (scanner.consume('}')) return true;
-  for (;;) {
-    if (!scanner.at('"')) return false;
-    std::size_t key_begin = scanner.pos() + 1;
-    if (!scanner.skip_string()) return false;
-    std::string_view key = json.substr(key_begin, scanner.pos() - 1 - key_begin);
-    if (!scanner.consume(':')) return false;
-    scanner.skip_whitespace();
-    std::size_t value_begin = scanner.pos();
-    if (!scanner.skip_value()) return false;
-    visit(key, ValueSpan{value_begin, scanner.pos()});
-    if (scanner.consume(',')) continue;
-    return scanner.consume('}');
+bool TopLevelMembers::next(std::string_view& key, ValueSpan& value) {
+  Scanner scanner(json_, pos_);
+  switch (state_) {
+    case State::before_object:
+      if (!scanner.consume('{')) return fail();
+      if (scanner.consume('}')) {
+        state_ = State::done;
+        return false;
+      }
+      state_ = State::in_object;
+      break;
+    case State::in_object:
+      if (scanner.consume('}')) {
+        state_ = State::done;
+        return false;
+      }
+      if (!scanner.consume(',')) return fail();
+      break;
+    case State::done:
+    case State::broken:
+      return false;
   }
+  if (!scanner.at('"')) return fail();
+  const std::size_t key_begin = scanner.pos() + 1;
+  if (!scanner.skip_string()) return fail();
+  key = json_.substr(key_begin, scanner.pos() - 1 - key_begin);
+  if (!scanner.consume(':')) return fail();
+  scanner.skip_whitespace();
+  const std::size_t value_begin = scanner.pos();
+  if (!scanner.skip_value()) return fail();
+  value = ValueSpan{value_begin, scanner.pos()};
+  pos_ = scanner.pos();
+  return true;
 }
 
 std::optional<ValueSpan> find_top_level_value(std::string_view json, std::string_view key) {

@@ -29,6 +29,7 @@ namespace http = boost::beast::http;
 using net::as_tuple;
 using net::use_awaitable;
 using namespace std::chrono_literals;
+using namespace std::string_view_literals;
 
 namespace {
 
@@ -52,10 +53,10 @@ std::optional<std::string_view> proxied_endpoint(std::string_view path) {
 std::string gateway_fields(std::string_view request_id, const metrics::TraceContext& next_hop) {
   std::string fields;
   fields.reserve(128);
-  fields.append("x-request-id: ").append(request_id).append("\r\n");
-  fields.append("traceparent: ");
+  fields.append("x-request-id: "sv).append(request_id).append("\r\n"sv);
+  fields.append("traceparent: "sv);
   next_hop.append_traceparent(fields);
-  fields.append("\r\n");
+  fields.append("\r\n"sv);
   return fields;
 }
 
@@ -96,12 +97,14 @@ void redact(std::string& text, const std::string& secret) {
 // Appends the lines that say which request this was, which deployment
 // answered it and after how many attempts.
 void append_request_fields(std::string& fields, const RequestContext& context) {
-  fields.append("x-request-id: ").append(context.request_id).append("\r\n");
+  fields.append("x-request-id: "sv).append(context.request_id).append("\r\n"sv);
   if (!context.deployment_id.empty()) {
-    fields.append("x-sluice-deployment: ").append(context.deployment_id).append("\r\n");
+    fields.append("x-sluice-deployment: "sv).append(context.deployment_id).append("\r\n"sv);
   }
   if (context.attempts > 0) {
-    fields.append("x-sluice-attempts: ").append(std::to_string(context.attempts)).append("\r\n");
+    fields.append("x-sluice-attempts: "sv)
+        .append(std::to_string(context.attempts))
+        .append("\r\n"sv);
   }
 }
 
@@ -716,32 +719,28 @@ void account(RequestContext& context, bool client_gone) {
     metrics.requests(shard, context.model, context.answered, record.status).add(shard);
     auto model_metrics = metrics.model(*context.model);
     model_metrics.request_duration.observe(shard, std::chrono::duration<double>(total).count());
-    unsigned hedges = 0, fallbacks = 0;
-    for (const auto& attempt : record.attempts) hedges += attempt.outcome == "lost_hedge";
+    unsigned hedges = 0;
+    for (const auto& attempt : record.attempts) hedges += attempt.outcome == "lost_hedge"sv;
     if (context.attempts > 1 + hedges)
       model_metrics.retries.add(shard, context.attempts - 1 - hedges);
-    if (context.answered && context.answered != nullptr) {
-      bool from_fallback = true;
-      for (const auto& deployment : context.model->deployments) {
-        from_fallback = from_fallback && &deployment != context.answered;
-      }
-      fallbacks = from_fallback;
+    if (context.answered) {
+      const auto& deployments = context.model->deployments;
+      const bool from_fallback =
+          std::none_of(deployments.begin(), deployments.end(),
+                       [&](const auto& deployment) { return &deployment == context.answered; });
+      if (from_fallback) model_metrics.fallbacks.add(shard);
     }
-    if (fallbacks) model_metrics.fallbacks.add(shard);
-    if (record.cache == "hit") {
+    if (record.cache == "hit"sv) {
       model_metrics.cache_hits.add(shard);
-    } else if (record.cache == "semantic_hit") {
+    } else if (record.cache == "semantic_hit"sv) {
       model_metrics.cache_semantic_hits.add(shard);
-    } else if (record.cache == "miss") {
+    } else if (record.cache == "miss"sv) {
       model_metrics.cache_misses.add(shard);
     }
-    for (const auto& tag : record.tags) {
-      if (tag == "hedge:won") model_metrics.hedges_won.add(shard);
-    }
-    if (hedges > 0 ||
-        std::find(record.tags.begin(), record.tags.end(), "hedge:won") != record.tags.end()) {
-      model_metrics.hedges_fired.add(shard);
-    }
+    const bool hedge_won =
+        std::find(record.tags.begin(), record.tags.end(), "hedge:won"sv) != record.tags.end();
+    if (hedge_won) model_metrics.hedges_won.add(shard);
+    if (hedges > 0 || hedge_won) model_metrics.hedges_fired.add(shard);
     if (context.answered && context.upstream_ttfb) {
       for (const auto& owner : context.snapshot->config->models) {
         if (context.answered < owner.deployments.data() ||

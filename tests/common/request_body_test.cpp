@@ -305,6 +305,46 @@ TEST(JsonScan, BackslashRunsBeforeAQuote) {
   EXPECT_FALSE(for_each_top_level_member(R"({"a":"x)", [](std::string_view, ValueSpan) {}));
 }
 
+// The walk yields each member once, in order, and says whether the object
+// was whole: a member list that breaks off is not taken for a short object.
+TEST(JsonScan, MemberWalkTellsTheEndFromABreak) {
+  struct Walk {
+    std::vector<std::string> keys;
+    bool well_formed;
+  };
+  auto walk = [](std::string_view json) {
+    Walk result;
+    result.well_formed = for_each_top_level_member(
+        json, [&](std::string_view key, ValueSpan) { result.keys.emplace_back(key); });
+    return result;
+  };
+  using Keys = std::vector<std::string>;
+
+  auto whole = walk(R"( { "a" : 1 , "b":{"c":[1,2]} ,"d":"}"} trailing)");
+  EXPECT_TRUE(whole.well_formed);
+  EXPECT_EQ(whole.keys, (Keys{"a", "b", "d"}));
+
+  auto empty = walk(" {  } ");
+  EXPECT_TRUE(empty.well_formed);
+  EXPECT_TRUE(empty.keys.empty());
+
+  for (std::string_view broken : {R"({"a":1,})", R"({"a":1 "b":2})", R"({"a":1)", R"({"a":1,"b")",
+                                  R"({"a":})", "[]", "", R"({,"a":1})"}) {
+    SCOPED_TRACE(broken);
+    EXPECT_FALSE(walk(broken).well_formed);
+  }
+  // Members before the break were seen; the walk stops at it.
+  EXPECT_EQ(walk(R"({"a":1,"b":2,,"c":3})").keys, (Keys{"a", "b"}));
+
+  TopLevelMembers members(R"({"a":1})");
+  std::string_view key;
+  ValueSpan value;
+  ASSERT_TRUE(members.next(key, value));
+  EXPECT_FALSE(members.next(key, value));
+  EXPECT_FALSE(members.next(key, value));  // stays at the end
+  EXPECT_TRUE(members.well_formed());
+}
+
 std::string forwarded(const ModelSplice& splice, std::string_view model,
                       std::string_view addition = {}) {
   std::string body(splice.before_model);

@@ -1,7 +1,6 @@
 #pragma once
 
 #include <cstddef>
-#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -21,12 +20,41 @@ struct ValueSpan {
 // when the text is not an object or the key is absent.
 std::optional<ValueSpan> find_top_level_value(std::string_view json, std::string_view key);
 
+// Walks the members of the top-level object, in order, without building a
+// DOM; the key is the raw text between its quotes. Values are delimited, not
+// validated. Text after the object's closing brace is not looked at.
+class TopLevelMembers {
+ public:
+  explicit TopLevelMembers(std::string_view json) : json_(json) {}
+
+  // The next member, or false at the end of the object or where its
+  // structure breaks (well_formed() tells which).
+  bool next(std::string_view& key, ValueSpan& value);
+  bool well_formed() const { return state_ != State::broken; }
+
+ private:
+  enum class State { before_object, in_object, done, broken };
+  bool fail() {
+    state_ = State::broken;
+    return false;
+  }
+
+  std::string_view json_;
+  std::size_t pos_ = 0;
+  State state_ = State::before_object;
+};
+
 // Calls `visit(key, value)` for each member of the top-level object, in
-// order; the key is the raw text between its quotes. Returns false when the
-// text is not an object or its structure is broken (values are delimited,
-// not validated). Text after the object's closing brace is not looked at.
-bool for_each_top_level_member(std::string_view json,
-                               const std::function<void(std::string_view, ValueSpan)>& visit);
+// order (see TopLevelMembers). Returns false when the text is not an object
+// or its structure is broken.
+template <typename Visit>
+bool for_each_top_level_member(std::string_view json, Visit&& visit) {
+  TopLevelMembers members(json);
+  std::string_view key;
+  ValueSpan value;
+  while (members.next(key, value)) visit(key, value);
+  return members.well_formed();
+}
 
 // The four hex digits of a `\u` escape starting at `at`, or -1.
 long json_hex4(std::string_view text, std::size_t at);
