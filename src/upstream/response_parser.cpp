@@ -59,11 +59,21 @@ void ResponseParser::on_field_impl(http::field name, boost::beast::string_view n
       retry_after_ = std::chrono::seconds(seconds);
     }
   }
-  lines_.append(name_text.data(), name_text.size()).append(": ", 2);
   if (name == http::field::content_type) {
-    content_type_at_ = lines_.size();
+    content_type_at_ = lines_.size() + name_text.size() + 2;
     content_type_size_ = value.size();
   }
+  // Most lines are written "Name: value" and lie whole in the buffer: they
+  // are copied as they came. Any other spacing, or a value Beast unfolded
+  // into a buffer of its own, is written out piece by piece.
+  const char* const name_end = name_text.data() + name_text.size();
+  const char* const value_end = value.data() + value.size();
+  if (value.data() == name_end + 2 && std::memcmp(name_end, ": ", 2) == 0 &&
+      std::memcmp(value_end, "\r\n", 2) == 0) {
+    lines_.append(name_text.data(), static_cast<std::size_t>(value_end + 2 - name_text.data()));
+    return;
+  }
+  lines_.append(name_text.data(), name_text.size()).append(": ", 2);
   lines_.append(value.data(), value.size()).append("\r\n", 2);
 }
 

@@ -77,6 +77,42 @@ TEST(ResponseParser, EventStreamWithoutLengthAndADatedRetryAfter) {
             "Retry-After: Wed, 21 Oct 2026 07:28:00 GMT\r\n");
 }
 
+// A line written "Name: value" is kept as it came; any other spacing, an
+// empty value and a folded value are written out as "Name: value" too, so
+// what is forwarded is the same whichever way the upstream spelled it.
+TEST(ResponseParser, FieldsWithOtherSpacingAreForwardedNormalised) {
+  const std::string head =
+      "HTTP/1.1 200 OK\r\n"
+      "Content-Type:\t application/json \r\n"
+      "X-Plain: one\r\n"
+      "X-Tight:two\r\n"
+      "X-Empty:\r\n"
+      "X-Space-Only: \r\n"
+      "X-Folded: first\r\n"
+      " second\r\n"
+      "X-Tab:\tfour\r\n"
+      "X-Trailing: five \r\n"
+      "X-Last: three\r\n"
+      "Content-Length: 0\r\n"
+      "\r\n";
+  ResponseParser parser;
+  error_code ec;
+  feed_parser(parser, head, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(parser.is_done());
+  EXPECT_EQ(parser.forwarded_fields(),
+            "Content-Type: application/json\r\n"
+            "X-Plain: one\r\n"
+            "X-Tight: two\r\n"
+            "X-Empty: \r\n"
+            "X-Space-Only: \r\n"
+            "X-Folded: first second\r\n"
+            "X-Tab: four\r\n"
+            "X-Trailing: five\r\n"
+            "X-Last: three\r\n");
+  EXPECT_EQ(parser.content_type(), "application/json");
+}
+
 TEST(ResponseParser, NoContentTypeIsEmpty) {
   ResponseParser parser;
   error_code ec;
