@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "sluice/common/json_scan.hpp"
 #include "sluice/server/admin.hpp"
 #include "sluice/server/session.hpp"
 
@@ -48,8 +49,11 @@ std::shared_ptr<const Snapshot> Snapshot::build(config::ConfigPtr config,
       if (!deployment.api_key.empty()) {
         fields.append("Authorization: Bearer ").append(deployment.api_key).append("\r\n");
       }
+      std::string model_literal;
+      append_json_string(model_literal, deployment.upstream_model);
       snapshot->deployments.emplace(
-          &deployment, Snapshot::DeploymentWiring{upstream::Origin::from(deployment), fields});
+          &deployment, Snapshot::DeploymentWiring{upstream::Origin::from(deployment),
+                                                  std::move(fields), std::move(model_literal)});
     }
   }
   snapshot->config = std::move(config);

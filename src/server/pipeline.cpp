@@ -182,11 +182,11 @@ struct ProxyInputs {
 using StartResult = Result<std::unique_ptr<upstream::Exchange>, upstream::UpstreamError>;
 
 // One upstream attempt: run inline, or in a coroutine of its own when a
-// hedge may race it. Owns the request's target and model literal; the
-// fields and body it points into belong to pick_upstream and the job.
+// hedge may race it. Owns the request's target; the fields and body it
+// points into belong to pick_upstream, the job and the snapshot.
 struct AttemptTask {
   router::Attempt attempt;
-  std::string model_literal;
+  const Snapshot::DeploymentWiring* wiring = nullptr;
   std::string target;
   upstream::Request request;
   upstream::Limits limits;
@@ -210,15 +210,15 @@ void prepare_attempt(const RequestContext& context, const ProxyInputs& inputs, A
                      const router::Attempt& attempt) {
   const auto& deployment = *attempt.deployment;
   task.attempt = attempt;
-  append_json_string(task.model_literal, deployment.upstream_model);
+  task.wiring = &context.snapshot->wiring(deployment);
   task.target = deployment.base_url.path_prefix;
   task.target.append(inputs.endpoint).append(inputs.query);
-  task.request = upstream::Request{
-      "POST",
-      task.target,
-      {inputs.client_fields, inputs.gateway_fields, context.snapshot->upstream_fields(deployment)},
-      {inputs.body_prefix, task.model_literal, inputs.body_suffix, inputs.body_addition,
-       inputs.body_closing}};
+  task.request =
+      upstream::Request{"POST",
+                        task.target,
+                        {inputs.client_fields, inputs.gateway_fields, task.wiring->fields},
+                        {inputs.body_prefix, task.wiring->model_literal, inputs.body_suffix,
+                         inputs.body_addition, inputs.body_closing}};
   task.started_at = Clock::now();
   task.limits =
       upstream::Limits{deployment.timeouts.connect, deployment.timeouts.ttft,
@@ -232,8 +232,7 @@ void launch(RequestContext& context, const ProxyInputs& inputs, AttemptTask& tas
   watch.watch(&task.abort_handle);
   // The snapshot the request holds keeps the origin alive for the attempt.
   net::co_spawn(context.client.get_executor(),
-                run_attempt(context.worker.client(), context.snapshot->origin(*attempt.deployment),
-                            task, wakeup),
+                run_attempt(context.worker.client(), task.wiring->origin, task, wakeup),
                 net::detached);
 }
 
@@ -451,9 +450,8 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
       auto& task = *tasks[0];
       prepare_attempt(context, inputs, task, *attempt);
       watch.watch(&task.abort_handle);
-      const auto& origin = context.snapshot->origin(*attempt->deployment);
-      task.result.emplace(co_await context.worker.client().start(origin, task.request, task.limits,
-                                                                 task.abort_handle));
+      task.result.emplace(co_await context.worker.client().start(task.wiring->origin, task.request,
+                                                                 task.limits, task.abort_handle));
       if (task.has_usable_head()) winner = &task;
     } else {
       launch(context, inputs, *tasks[0], *attempt, watch, wakeup());
@@ -644,8 +642,8 @@ net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& cont
     const auto& deployment = *attempt->deployment;
     AttemptTask task;
     prepare_attempt(context, inputs, task, *attempt);
-    auto result = co_await context.worker.client().start(
-        context.snapshot->origin(deployment), task.request, task.limits, task.abort_handle);
+    auto result = co_await context.worker.client().start(task.wiring->origin, task.request,
+                                                         task.limits, task.abort_handle);
     if (!result) {
       const auto& error = result.error();
       plan.report(*attempt,

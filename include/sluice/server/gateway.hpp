@@ -36,19 +36,21 @@ struct Snapshot {
   std::shared_ptr<cache::Caches> caches;  // carried over on reload, see Caches
   std::string models_json;                // GET /v1/models, rendered once
   // What each deployment of `config` needs per request, made once rather
-  // than per request: where it connects (pool key, Host value) and the header
-  // lines it adds (its `headers` and its key).
+  // than per request: where it connects (pool key, Host value), the header
+  // lines it adds (its `headers` and its key) and the model name it is sent
+  // as a JSON string literal.
   struct DeploymentWiring {
     upstream::Origin origin;
     std::string fields;
+    std::string model_literal;
   };
   std::unordered_map<const config::Deployment*, DeploymentWiring> deployments;
 
-  const upstream::Origin& origin(const config::Deployment& deployment) const {
-    return deployments.at(&deployment).origin;
+  const DeploymentWiring& wiring(const config::Deployment& deployment) const {
+    return deployments.at(&deployment);
   }
-  std::string_view upstream_fields(const config::Deployment& deployment) const {
-    return deployments.at(&deployment).fields;
+  const upstream::Origin& origin(const config::Deployment& deployment) const {
+    return wiring(deployment).origin;
   }
 
   static std::shared_ptr<const Snapshot> build(config::ConfigPtr config,
