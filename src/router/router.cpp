@@ -81,16 +81,17 @@ Router::Router(std::shared_ptr<const config::Config> config, const Router* previ
   for (const auto& model : config_->models) {
     round_robin_.emplace(model.name, std::make_unique<std::atomic<std::uint64_t>>(0));
     for (const auto& deployment : model.deployments) {
-      if (states_.contains(deployment.id)) continue;
-      std::shared_ptr<DeploymentState> state;
-      if (auto old = previous_deployments.find(deployment.id);
-          old != previous_deployments.end() && same_upstream(*old->second, deployment)) {
-        if (auto kept = previous->states_.find(deployment.id); kept != previous->states_.end()) {
-          state = kept->second;
+      auto& state = states_[deployment.id];
+      if (!state) {
+        if (auto old = previous_deployments.find(deployment.id);
+            old != previous_deployments.end() && same_upstream(*old->second, deployment)) {
+          if (auto kept = previous->states_.find(deployment.id); kept != previous->states_.end()) {
+            state = kept->second;
+          }
         }
+        if (!state) state = std::make_shared<DeploymentState>(config_->router.window);
       }
-      if (!state) state = std::make_shared<DeploymentState>(config_->router.window);
-      states_.emplace(deployment.id, std::move(state));
+      by_deployment_.emplace(&deployment, state.get());
     }
   }
 }
@@ -102,6 +103,12 @@ Plan Router::plan(const config::Model& model, bool stream, std::uint64_t seed) c
 DeploymentState* Router::state(const std::string& deployment_id) const {
   auto it = states_.find(deployment_id);
   return it == states_.end() ? nullptr : it->second.get();
+}
+
+DeploymentState* Router::state(const config::Deployment& deployment) const {
+  // State belongs to a deployment id: one of another config is found by it.
+  auto it = by_deployment_.find(&deployment);
+  return it != by_deployment_.end() ? it->second : state(deployment.id);
 }
 
 const config::Deployment* Router::choose(const config::Model& group, bool stream,
@@ -120,7 +127,7 @@ Router::Choice Router::choose_among(const config::Model& group, bool stream,
 
   for (const auto& deployment : group.deployments) {
     if (contains(exclude, &deployment)) continue;
-    DeploymentState* state = this->state(deployment.id);
+    DeploymentState* state = this->state(deployment);
     if (state == nullptr) continue;
     if (deployment.max_parallel != 0 &&
         state->in_flight() >=
@@ -155,7 +162,7 @@ Router::Choice Router::choose_among(const config::Model& group, bool stream,
       Deployments unsampled;
       boost::container::small_vector<std::pair<const config::Deployment*, Micros>, 8> measured;
       for (const auto* deployment : candidates) {
-        DeploymentState* state = this->state(deployment->id);
+        DeploymentState* state = this->state(*deployment);
         // A non-streaming client waits for the whole body, so that is the
         // latency it feels; first-byte times stand in until there are any.
         if (!stream) {
@@ -216,7 +223,7 @@ Router::Choice Router::choose_among(const config::Model& group, bool stream,
       int fewest = std::numeric_limits<int>::max();
       Deployments idlest;
       for (const auto* deployment : candidates) {
-        const int busy = state(deployment->id)->in_flight();
+        const int busy = state(*deployment)->in_flight();
         if (busy < fewest) {
           fewest = busy;
           idlest.clear();
@@ -258,7 +265,7 @@ std::optional<Plan::Taken> Plan::take_in_group(const config::Model& group, Deplo
                                               random_, allow_cooling);
     const config::Deployment* deployment = choice.deployment;
     if (deployment == nullptr) return std::nullopt;
-    DeploymentState* state = router_->state(deployment->id);
+    DeploymentState* state = router_->state(*deployment);
 
     if (!state->try_acquire(deployment->max_parallel)) {
       exclude.push_back(deployment);

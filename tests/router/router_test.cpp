@@ -346,6 +346,25 @@ TEST(RouterAvailability, DeploymentsWithoutStateAreIgnored) {
   EXPECT_EQ(chosen->id, "a");
 }
 
+// A deployment's state is its id's, whichever way it is looked up: by the
+// deployment of the router's own config, by id, or by an equal deployment
+// of another config. Two models that list the same id share one state.
+TEST(RouterAvailability, StateIsTheSameByDeploymentAndById) {
+  auto config = make_config({model("m", config::Strategy::priority, deployments({"a", "b"})),
+                             model("n", config::Strategy::priority, deployments({"b"}))});
+  Router router(config);
+  const auto& m = config->models[0].deployments;
+  const auto& n = config->models[1].deployments;
+  ASSERT_NE(router.state(m[0]), nullptr);
+  EXPECT_EQ(router.state(m[0]), router.state("a"));
+  EXPECT_EQ(router.state(m[1]), router.state("b"));
+  EXPECT_EQ(router.state(n[0]), router.state("b"));
+  EXPECT_NE(router.state(m[0]), router.state(m[1]));
+  const config::Deployment copy_of_a = m[0];
+  EXPECT_EQ(router.state(copy_of_a), router.state("a"));
+  EXPECT_EQ(router.state(deployment("unknown")), nullptr);
+}
+
 // ---------------------------------------------------------------------------
 // reload
 

@@ -135,6 +135,9 @@ class Router {
   Plan plan(const config::Model& model, bool stream, std::uint64_t seed) const;
 
   DeploymentState* state(const std::string& deployment_id) const;
+  // The same, without hashing the id when the deployment is of this
+  // router's config.
+  DeploymentState* state(const config::Deployment& deployment) const;
   const config::Config& config() const { return *config_; }
 
   // Chooses among the usable deployments of a group by its strategy.
@@ -157,6 +160,7 @@ class Router {
 
   std::shared_ptr<const config::Config> config_;
   std::unordered_map<std::string, std::shared_ptr<DeploymentState>> states_;
+  std::unordered_map<const config::Deployment*, DeploymentState*> by_deployment_;
   // Round-robin position per model, shared by all threads.
   std::unordered_map<std::string, std::unique_ptr<std::atomic<std::uint64_t>>> round_robin_;
 };
