@@ -56,19 +56,24 @@ void ClientWatch::start() {
   state.active = true;
   state.client_gone = false;
   state.targets = {};
-  if (state.read_result) {
-    state.client_gone = true;  // the last read ended the connection, unclaimed
-    return;
-  }
-  if (state.reading) return;
+  // The last read ended the connection, unclaimed.
+  if (state.read_result) state.client_gone = true;
+}
+
+void ClientWatch::begin_read(void* state_pointer) {
+  auto& state = *static_cast<State*>(state_pointer);
+  if (!state.alive || !state.active || state.reading || state.read_result) return;
   const std::size_t size = boost::beast::read_size(state.buffer, 65536);
   if (size == 0) return;  // a full buffer: the next request is in it already
   state.reading = true;
-  state.socket.async_read_some(state.buffer.prepare(size), OnRead(state_));
+  state.socket.async_read_some(state.buffer.prepare(size), OnRead(state.shared_from_this()));
 }
 
 void ClientWatch::stop() {
   state_->active = false;
+  for (auto* target : state_->targets) {
+    if (target) target->call_when_sent(nullptr, nullptr);
+  }
   state_->targets = {};
 }
 
@@ -86,12 +91,14 @@ void ClientWatch::watch(upstream::AbortHandle* handle) {
   for (auto*& target : state_->targets) {
     if (!target) {
       target = handle;
+      handle->call_when_sent(&ClientWatch::begin_read, state_.get());
       return;
     }
   }
 }
 
 void ClientWatch::unwatch(upstream::AbortHandle* handle) {
+  handle->call_when_sent(nullptr, nullptr);
   for (auto*& target : state_->targets) {
     if (target == handle) target = nullptr;
   }

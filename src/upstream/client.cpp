@@ -292,6 +292,7 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
     if (!sent.finished) sent = co_await write_rest(conn, wire, sent);
     const error_code write_ec = sent.ec;
     timing.sent = Clock::now();
+    if (!write_ec) abort_handle.notify_sent();
     if (write_ec) {
       exchange->failed_ = true;
       if (timing.reused && !abort_handle.aborted()) {

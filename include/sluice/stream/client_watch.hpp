@@ -26,7 +26,10 @@ namespace sluice::stream {
 //
 // One watch serves every request of a connection and reads into the
 // connection's own buffer, which the session does not touch while a request
-// is answered.
+// is answered. The read starts once an exchange it watches has written its
+// request: on an idle connection it finds the socket empty first, a system
+// call that would otherwise sit between the client's request and the
+// upstream's.
 class ClientWatch {
  public:
   ClientWatch(boost::asio::ip::tcp::socket& client, boost::beast::flat_buffer& buffer);
@@ -37,8 +40,7 @@ class ClientWatch {
   ClientWatch(const ClientWatch&) = delete;
   ClientWatch& operator=(const ClientWatch&) = delete;
 
-  // Watches for the current request; clears what the last one saw. Starts a
-  // read unless one is in progress or has ended unclaimed.
+  // Watches for the current request; clears what the last one saw.
   void start();
   // Ends the current request's watch (the answer has been written). A read
   // in progress carries on: it is the next request's.
@@ -47,6 +49,8 @@ class ClientWatch {
   void cancel();
 
   // Exchanges to abort when the client goes; at most two run at once (hedge).
+  // Once one has sent its request, the watch starts a read unless one is in
+  // progress or has ended unclaimed.
   void watch(upstream::AbortHandle* handle);
   void unwatch(upstream::AbortHandle* handle);
 
@@ -78,7 +82,7 @@ class ClientWatch {
 
  private:
   using Waiter = boost::asio::any_completion_handler<void(error_code)>;
-  struct State {
+  struct State : std::enable_shared_from_this<State> {
     State(boost::asio::ip::tcp::socket& socket, boost::beast::flat_buffer& buffer)
         : socket(socket), buffer(buffer) {}
     boost::asio::ip::tcp::socket& socket;  // socket and buffer: used only while alive
@@ -92,6 +96,7 @@ class ClientWatch {
     std::array<upstream::AbortHandle*, 2> targets{};
   };
   class OnRead;
+  static void begin_read(void* state);
 
   std::shared_ptr<State> state_;
 };

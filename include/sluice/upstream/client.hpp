@@ -83,11 +83,26 @@ class AbortHandle {
   void abort();
   bool aborted() const { return aborted_; }
 
+  // `hook(argument)` is called each time the request has been written; null
+  // calls nothing. A watcher of the client starts its own reading then,
+  // rather than on the way to the upstream.
+  void call_when_sent(void (*hook)(void*), void* argument) {
+    sent_hook_ = hook;
+    sent_argument_ = argument;
+  }
+  // The client calls this once the request is written.
+  void notify_sent() const {
+    if (sent_hook_) sent_hook_(sent_argument_);
+  }
+
  private:
   friend class Client;
   friend class Exchange;
+
   Connection* connection_ = nullptr;
   bool aborted_ = false;
+  void (*sent_hook_)(void*) = nullptr;
+  void* sent_argument_ = nullptr;
 };
 
 // A request in flight whose response head has arrived. The body is read with
