@@ -50,7 +50,8 @@ Output:
 
 Compare:
   --target NAME=URL      a target; the first one is the baseline (repeatable)
-  --rounds N             rounds; each runs every target once, in order (default 3)
+  --rounds N             rounds; each runs every target once, starting one target
+                         later than the round before (default 3)
   --cpu-pid NAME=PIDS    charge these processes' CPU time to target NAME
   --title TEXT           heading of the printed table
   --description TEXT     a paragraph printed under the heading
