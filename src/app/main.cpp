@@ -1,11 +1,11 @@
 // sluice: an OpenAI-compatible gateway that routes to the fastest healthy
 // upstream and relays streamed tokens as they arrive.
+#include <spdlog/spdlog.h>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
-#include <spdlog/spdlog.h>
 #include <string>
 
 #include "sluice/common/logging.hpp"
@@ -15,7 +15,8 @@
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: sluice [--config FILE] [--check-config FILE] [--version] [--help]
+constexpr const char* kUsage =
+    R"(usage: sluice [--config FILE] [--check-config FILE] [--version] [--help]
 
   --config FILE        run the gateway with this YAML config (default: $SLUICE_CONFIG)
   --check-config FILE  validate the config, print the first error, exit non-zero if invalid
@@ -79,19 +80,19 @@ int run(const std::string& path) {
 
   boost::asio::io_context signals_context;
   boost::asio::signal_set signals(signals_context, SIGINT, SIGTERM, SIGHUP);
-  std::function<void(const sluice::error_code&, int)> on_signal =
-      [&](const sluice::error_code& ec, int signal) {
-        if (ec) return;
-        if (signal == SIGHUP) {
-          gateway.reload();
-          signals.async_wait(on_signal);
-          return;
-        }
-        auto drain_timeout = gateway.snapshot()->config->server.drain_timeout;
-        spdlog::info("signal {} received: draining (up to {} ms), then stopping", signal,
-                     drain_timeout.count());
-        gateway.drain_and_stop(drain_timeout);
-      };
+  std::function<void(const sluice::error_code&, int)> on_signal = [&](const sluice::error_code& ec,
+                                                                      int signal) {
+    if (ec) return;
+    if (signal == SIGHUP) {
+      gateway.reload();
+      signals.async_wait(on_signal);
+      return;
+    }
+    auto drain_timeout = gateway.snapshot()->config->server.drain_timeout;
+    spdlog::info("signal {} received: draining (up to {} ms), then stopping", signal,
+                 drain_timeout.count());
+    gateway.drain_and_stop(drain_timeout);
+  };
   signals.async_wait(on_signal);
   signals_context.run();
   spdlog::shutdown();

@@ -31,7 +31,8 @@ ApiError ApiError::invalid_request(std::string message, std::string param, std::
 }
 
 ApiError ApiError::model_not_found(std::string_view model) {
-  return {404, "The model `" + std::string(model) + "` does not exist or you do not have access to it.",
+  return {404,
+          "The model `" + std::string(model) + "` does not exist or you do not have access to it.",
           "invalid_request_error", "model", "model_not_found"};
 }
 
@@ -41,8 +42,7 @@ ApiError ApiError::unknown_path(std::string_view path) {
 }
 
 ApiError ApiError::method_not_allowed(std::string_view method, std::string_view path) {
-  return {405,
-          "Method " + std::string(method) + " is not allowed for " + std::string(path) + ".",
+  return {405, "Method " + std::string(method) + " is not allowed for " + std::string(path) + ".",
           "invalid_request_error", "", "method_not_allowed"};
 }
 

@@ -98,16 +98,19 @@ net::awaitable<void> serve_admin_connection(Gateway& gateway, net::ip::tcp::sock
         response.body() = R"({"reloaded":true})";
       } else {
         response.result(http::status::unprocessable_entity);
-        response.body() = ApiError{422, error, "invalid_request_error", "", "invalid_config"}.to_json();
+        response.body() =
+            ApiError{422, error, "invalid_request_error", "", "invalid_config"}.to_json();
       }
     } else if (target == "/health") {
       response.body() = R"({"status":"ok"})";
     } else {
       response.result(http::status::not_found);
-      response.body() = ApiError::unknown_path(std::string_view(target.data(), target.size())).to_json();
+      response.body() =
+          ApiError::unknown_path(std::string_view(target.data(), target.size())).to_json();
     }
     response.prepare_payload();
-    auto [write_ec, written] = co_await http::async_write(stream, response, as_tuple(use_awaitable));
+    auto [write_ec, written] =
+        co_await http::async_write(stream, response, as_tuple(use_awaitable));
     if (write_ec || !response.keep_alive()) break;
   }
   error_code ignored;

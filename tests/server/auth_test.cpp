@@ -2,12 +2,12 @@
 // OpenAI's rate-limit headers.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <sys/wait.h>
 #include <thread>
 
 #include "sluice/auth/key_store.hpp"
@@ -35,9 +35,9 @@ std::string hex_sha256(std::string_view text) {
 }
 
 std::string config_with_keys(const std::string& base_url, const std::string& key_lines) {
-  return "auth:\n  keys:\n" + key_lines +
-         "models:\n  - name: chat-fast\n    deployments:\n" + deployment_yaml("fast", base_url) +
-         "  - name: secret-model\n    deployments:\n" + deployment_yaml("secret", base_url);
+  return "auth:\n  keys:\n" + key_lines + "models:\n  - name: chat-fast\n    deployments:\n" +
+         deployment_yaml("fast", base_url) + "  - name: secret-model\n    deployments:\n" +
+         deployment_yaml("secret", base_url);
 }
 
 Headers bearer(const std::string& key) { return {{"Authorization", "Bearer " + key}}; }
@@ -54,8 +54,8 @@ class Auth : public ::testing::Test {
 };
 
 TEST_F(Auth, MissingWrongOrMalformedKeyIs401) {
-  TestGateway gateway(config_with_keys(upstream_->base_url(),
-                                       std::string("    - name: team-a\n      key: ") + kTeamKey + "\n"));
+  TestGateway gateway(config_with_keys(
+      upstream_->base_url(), std::string("    - name: team-a\n      key: ") + kTeamKey + "\n"));
   for (const auto& headers : std::vector<Headers>{
            {},
            bearer("sk-wrong-key-000000"),
@@ -83,16 +83,17 @@ TEST_F(Auth, MissingWrongOrMalformedKeyIs401) {
 }
 
 TEST_F(Auth, KeyStoredAsSha256Authenticates) {
-  TestGateway gateway(config_with_keys(
-      upstream_->base_url(), "    - name: team-a\n      key_sha256: " + hex_sha256(kTeamKey) + "\n"));
+  TestGateway gateway(
+      config_with_keys(upstream_->base_url(),
+                       "    - name: team-a\n      key_sha256: " + hex_sha256(kTeamKey) + "\n"));
   EXPECT_EQ(chat(gateway, bearer(kTeamKey)).status, 200u);
   EXPECT_EQ(chat(gateway, bearer(kOtherKey)).status, 401u);
 }
 
 TEST_F(Auth, ForbiddenModelIs404AndHiddenFromModelList) {
-  TestGateway gateway(config_with_keys(
-      upstream_->base_url(),
-      std::string("    - name: team-a\n      key: ") + kTeamKey + "\n      models: [\"chat-*\"]\n"));
+  TestGateway gateway(
+      config_with_keys(upstream_->base_url(), std::string("    - name: team-a\n      key: ") +
+                                                  kTeamKey + "\n      models: [\"chat-*\"]\n"));
   auto denied = chat(gateway, bearer(kTeamKey), "secret-model");
   EXPECT_EQ(denied.status, 404u);
   EXPECT_EQ(json::parse(denied.body)["error"]["code"], "model_not_found");
@@ -136,9 +137,9 @@ TEST_F(Auth, TpmReservationIsSettledWithTheReportedUsage) {
   // the mock reports, all of them pass.
   for (bool stream : {false, true}) {
     for (int i = 0; i < 4; ++i) {
-      auto response = http_request(gateway.port(), "POST", "/v1/chat/completions",
-                                   chat_body("chat-fast", stream, "\"max_tokens\":1500"),
-                                   bearer(kTeamKey));
+      auto response =
+          http_request(gateway.port(), "POST", "/v1/chat/completions",
+                       chat_body("chat-fast", stream, "\"max_tokens\":1500"), bearer(kTeamKey));
       ASSERT_EQ(response.status, 200u) << (stream ? "stream " : "json ") << i << response.body;
       EXPECT_EQ(response.header("x-ratelimit-limit-tokens"), "2000");
     }
@@ -147,9 +148,9 @@ TEST_F(Auth, TpmReservationIsSettledWithTheReportedUsage) {
   // settled, so a request sent straight after may still see it reserved.
   EXPECT_TRUE(eventually(
       [&] {
-        auto remaining = http_request(gateway.port(), "POST", "/v1/chat/completions",
-                                      chat_body("chat-fast", false, "\"max_tokens\":1"),
-                                      bearer(kTeamKey));
+        auto remaining =
+            http_request(gateway.port(), "POST", "/v1/chat/completions",
+                         chat_body("chat-fast", false, "\"max_tokens\":1"), bearer(kTeamKey));
         return std::stoul(remaining.header("x-ratelimit-remaining-tokens")) > 1500u;
       },
       2s));
@@ -164,9 +165,9 @@ TEST_F(Auth, TpmLimitRefusesOnceTheBudgetIsSpent) {
   int allowed = 0;
   bool refused = false;
   for (int i = 0; i < 10; ++i) {
-    auto response = http_request(gateway.port(), "POST", "/v1/chat/completions",
-                                 chat_body("chat-fast", false, "\"max_tokens\":1"),
-                                 bearer(kTeamKey));
+    auto response =
+        http_request(gateway.port(), "POST", "/v1/chat/completions",
+                     chat_body("chat-fast", false, "\"max_tokens\":1"), bearer(kTeamKey));
     if (response.status == 429u) {
       EXPECT_EQ(json::parse(response.body)["error"]["code"], "rate_limit_exceeded");
       EXPECT_EQ(response.header("x-ratelimit-limit-tokens"), "30");
@@ -198,10 +199,10 @@ TEST_F(Auth, UsageChunkIsRequestedUpstreamAndHiddenFromTheClient) {
   }
 
   // A client that asks for usage itself gets it.
-  auto asked = http_request(
-      gateway.port(), "POST", "/v1/chat/completions",
-      chat_body("chat-fast", true, "\"stream_options\":{\"include_usage\":true}"),
-      bearer(kTeamKey));
+  auto asked =
+      http_request(gateway.port(), "POST", "/v1/chat/completions",
+                   chat_body("chat-fast", true, "\"stream_options\":{\"include_usage\":true}"),
+                   bearer(kTeamKey));
   bool saw_usage = false;
   for (const auto& event : sse_data(asked.body)) {
     saw_usage = saw_usage || event.find("\"usage\":{") != std::string::npos;
@@ -247,9 +248,10 @@ TEST(AuthStartup, RefusesToStartWithoutKeys) {
   EXPECT_NE(WEXITSTATUS(status), 0);
   EXPECT_NE(output.find("auth"), std::string::npos) << output;
 
-  TempFile opted_out("auth:\n  disabled: true\nmodels:\n  - name: m\n    deployments:\n"
-                     "      - base_url: http://127.0.0.1:9/v1\n",
-                     ".yaml");
+  TempFile opted_out(
+      "auth:\n  disabled: true\nmodels:\n  - name: m\n    deployments:\n"
+      "      - base_url: http://127.0.0.1:9/v1\n",
+      ".yaml");
   command = std::string(binary) + " --check-config " + opted_out.path() + " 2>&1";
   EXPECT_EQ(WEXITSTATUS(std::system(command.c_str())), 0);
 }

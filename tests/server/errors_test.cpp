@@ -55,13 +55,13 @@ TEST_F(GatewayErrors, InvalidJsonIs400) {
   expect_openai_error(client.request("POST", "/v1/chat/completions", "{\"model\": "), 400,
                       "invalid_json");
   // The connection survives a request-level error.
-  expect_openai_error(client.request("POST", "/v1/chat/completions", "[1,2]"), 400,
-                      "invalid_type");
+  expect_openai_error(client.request("POST", "/v1/chat/completions", "[1,2]"), 400, "invalid_type");
   EXPECT_EQ(upstream_->stats().requests, 0u);
 }
 
 TEST_F(GatewayErrors, InvalidUtf8Is400) {
-  std::string body = "{\"model\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}";
+  std::string body =
+      "{\"model\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}";
   expect_openai_error(http_request(gateway_->port(), "POST", "/v1/chat/completions", body), 400,
                       "invalid_json");
 }
@@ -138,8 +138,8 @@ TEST_F(GatewayErrors, ConflictingFramingIs400) {
   const std::string body = chat_body("chat", false);
   for (const std::string& framing :
        {"Content-Length: " + std::to_string(body.size()) + "\r\nTransfer-Encoding: chunked\r\n",
-        "Content-Length: " + std::to_string(body.size()) + "\r\nContent-Length: " +
-            std::to_string(body.size() + 1) + "\r\n"}) {
+        "Content-Length: " + std::to_string(body.size()) +
+            "\r\nContent-Length: " + std::to_string(body.size() + 1) + "\r\n"}) {
     HttpConnection client(gateway_->port());
     client.send_raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + framing + "\r\n" + body);
     auto raw = client.read_until_close();
@@ -176,9 +176,9 @@ TEST(GatewayUpstreamErrors, UnreachableUpstreamIs502) {
                       deployment_yaml("d1", "http://127.0.0.1:" + std::to_string(free_port) + "/v1",
                                       kNoWarmConnections));
   LeakCheck leaks(gateway);
-  expect_openai_error(http_request(gateway.port(), "POST", "/v1/chat/completions",
-                                   chat_body("chat", false)),
-                      502, "upstream_unreachable");
+  expect_openai_error(
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false)), 502,
+      "upstream_unreachable");
   EXPECT_TRUE(leaks.settled());
 }
 
@@ -192,9 +192,9 @@ TEST(GatewayUpstreamErrors, UpstreamTimeoutIs504) {
                                       kNoWarmConnections + "        timeouts: {ttft: 200ms}\n"));
   LeakCheck leaks(gateway);
   auto started = std::chrono::steady_clock::now();
-  expect_openai_error(http_request(gateway.port(), "POST", "/v1/chat/completions",
-                                   chat_body("chat", true)),
-                      504, "upstream_timeout");
+  expect_openai_error(
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true)), 504,
+      "upstream_timeout");
   EXPECT_LT(std::chrono::steady_clock::now() - started, 2s);
   // The stalled upstream connection is closed, not kept waiting for the
   // answer nobody will read.

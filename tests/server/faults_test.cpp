@@ -78,7 +78,7 @@ TEST_P(FaultBeforeFirstByte, IsAnOpenAiErrorAndLeavesNothingOpen) {
                       deployment_yaml("faulty", base_url(fault, *upstream),
                                       kNoWarmConnections +
                                           "        timeouts: {connect: 500ms, ttft: 200ms, "
-                                      "idle: 200ms}\n"));
+                                          "idle: 200ms}\n"));
   LeakCheck leaks(gateway);
   {
     HttpConnection client(gateway.port(), 5s);

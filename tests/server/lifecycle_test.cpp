@@ -81,7 +81,8 @@ TEST(Lifecycle, AppliedConfigServesNewRequestsWhileInFlightOnesFinish) {
   ASSERT_EQ(in_flight.read_head().header("x-sluice-deployment"), "old");
 
   gateway.gateway().apply(config::load_string(config_for("new", new_upstream->base_url())));
-  auto fresh = http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
+  auto fresh =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
   EXPECT_EQ(fresh.header("x-sluice-deployment"), "new");
   EXPECT_EQ(sse_data(in_flight.read_rest_of_body()).back(), "[DONE]");
 }

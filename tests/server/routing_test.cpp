@@ -214,7 +214,8 @@ TEST(Routing, RetriesBoundTheAttempts) {
   }
   TestGateway gateway(
       "router:\n  retries: 2\n  backoff: {base: 1ms, max: 5ms}\n"
-      "models:\n  - name: chat\n    deployments:\n" + deployments);
+      "models:\n  - name: chat\n    deployments:\n" +
+      deployments);
   auto response =
       http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
   EXPECT_EQ(response.status, 503u);  // the last upstream answer, as is

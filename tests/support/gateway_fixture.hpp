@@ -36,8 +36,7 @@ class TestGateway {
 };
 
 // A mock upstream started on an ephemeral port.
-std::unique_ptr<mock::MockServer> start_mock(mock::Behaviour behaviour = {},
-                                             unsigned threads = 1);
+std::unique_ptr<mock::MockServer> start_mock(mock::Behaviour behaviour = {}, unsigned threads = 1);
 
 // "- id: ID\n  base_url: URL\n  model: mock-model" indented for a
 // deployments list, plus `extra` lines (already in YAML, indented by the caller).

@@ -3,8 +3,8 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
-#include <boost/beast/http/read.hpp>
 #include <boost/beast/http/error.hpp>
+#include <boost/beast/http/read.hpp>
 #include <stdexcept>
 
 namespace sluice::testing {
@@ -42,8 +42,11 @@ bool HttpResponse::has_header(std::string_view name) const {
 HttpConnection::HttpConnection(std::uint16_t port, std::chrono::milliseconds timeout)
     : socket_(context_), timeout_(timeout), piece_(64 * 1024) {
   net::ip::tcp::endpoint endpoint(net::ip::make_address("127.0.0.1"), port);
-  auto ec = run([&](auto handler) { socket_.async_connect(endpoint, [handler](error_code e) mutable { handler(e, 0); }); });
-  if (ec) throw std::runtime_error("connect to 127.0.0.1:" + std::to_string(port) + ": " + ec.message());
+  auto ec = run([&](auto handler) {
+    socket_.async_connect(endpoint, [handler](error_code e) mutable { handler(e, 0); });
+  });
+  if (ec)
+    throw std::runtime_error("connect to 127.0.0.1:" + std::to_string(port) + ": " + ec.message());
   socket_.set_option(net::ip::tcp::no_delay(true));
 }
 
@@ -78,7 +81,8 @@ void HttpConnection::send(const std::string& method, const std::string& target,
     has_content_type = has_content_type || same_name(name, "content-type");
   }
   if (!body.empty() && !has_content_type) wire += "Content-Type: application/json\r\n";
-  if (!body.empty() || method == "POST") wire += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  if (!body.empty() || method == "POST")
+    wire += "Content-Length: " + std::to_string(body.size()) + "\r\n";
   wire += "\r\n" + body;
   send_raw(wire);
 }
@@ -91,7 +95,8 @@ void HttpConnection::send_raw(std::string_view bytes) {
 HttpResponse HttpConnection::read_head() {
   parser_.emplace();
   parser_->body_limit(boost::none);
-  auto ec = run([&](auto handler) { http::async_read_header(socket_, buffer_, *parser_, handler); });
+  auto ec =
+      run([&](auto handler) { http::async_read_header(socket_, buffer_, *parser_, handler); });
   if (ec) throw std::runtime_error("read head: " + ec.message());
   HttpResponse response;
   response.status = parser_->get().result_int();
@@ -107,7 +112,8 @@ std::optional<std::string> HttpConnection::read_body_piece() {
     auto& body = parser_->get().body();
     body.data = piece_.data();
     body.size = piece_.size();
-    auto ec = run([&](auto handler) { http::async_read_some(socket_, buffer_, *parser_, handler); });
+    auto ec =
+        run([&](auto handler) { http::async_read_some(socket_, buffer_, *parser_, handler); });
     if (ec == http::error::need_buffer) ec = {};
     if (ec) throw std::runtime_error("read body: " + ec.message());
     std::size_t produced = piece_.size() - body.size;
@@ -136,10 +142,11 @@ std::string HttpConnection::read_until_close() {
   for (;;) {
     std::size_t got = 0;
     auto ec = run([&](auto handler) {
-      socket_.async_read_some(net::buffer(piece_), [&, handler](error_code e, std::size_t n) mutable {
-        got = n;
-        handler(e, n);
-      });
+      socket_.async_read_some(net::buffer(piece_),
+                              [&, handler](error_code e, std::size_t n) mutable {
+                                got = n;
+                                handler(e, n);
+                              });
     });
     received.append(piece_.data(), got);
     if (ec == net::error::eof || ec == net::error::connection_reset) return received;

@@ -80,10 +80,10 @@ TEST_F(TlsUpstream, WrongHostNameIs502) {
   options.tls_key_pem = other.key_pem;
   mock::MockServer impostor(options);
   impostor.start();
-  TestGateway gateway("router:\n  retries: 0\nmodels:\n  - name: chat\n    deployments:\n" +
-                      deployment_yaml("tls",
-                                      "https://localhost:" + std::to_string(impostor.port()) + "/v1",
-                                      kNoWarmConnections + "        ca_file: " + other_ca.path() + "\n"));
+  TestGateway gateway(
+      "router:\n  retries: 0\nmodels:\n  - name: chat\n    deployments:\n" +
+      deployment_yaml("tls", "https://localhost:" + std::to_string(impostor.port()) + "/v1",
+                      kNoWarmConnections + "        ca_file: " + other_ca.path() + "\n"));
   LeakCheck leaks(gateway);
   auto response =
       http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));

@@ -396,7 +396,7 @@ struct Plan {
   bool stream = false;
   bool include_usage = false;
   bool embeddings_base64 = false;
-  std::string model_json;  // the request's model, already a quoted JSON string
+  std::string model_json;     // the request's model, already a quoted JSON string
   std::string presented_key;  // from Authorization: Bearer, quoted back by a 401
   std::uint64_t prompt_tokens = 1;
   std::uint64_t serial = 0;
@@ -959,11 +959,10 @@ std::optional<Reply> failure_reply(const Plan& plan) {
     case FailMode::unauthorized:
       // As OpenAI does, the message quotes the key it was given: an upstream
       // error body can carry a secret.
-      return Reply{401,
-                   error_body("Incorrect API key provided: " + plan.presented_key +
-                                  ". You can find your API key at "
-                                  "https://platform.openai.com/account/api-keys.",
-                              "invalid_request_error", {}, "invalid_api_key")};
+      return Reply{401, error_body("Incorrect API key provided: " + plan.presented_key +
+                                       ". You can find your API key at "
+                                       "https://platform.openai.com/account/api-keys.",
+                                   "invalid_request_error", {}, "invalid_api_key")};
     case FailMode::server_error:
       return Reply{500, error_body("The server had an error while processing your request. "
                                    "Sorry about that!",

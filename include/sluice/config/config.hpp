@@ -33,23 +33,23 @@ struct Url {
 
 struct Timeouts {
   Duration connect{2000};
-  Duration ttft{10000};   // request sent -> first response byte
-  Duration idle{30000};   // gap between two body reads
+  Duration ttft{10000};  // request sent -> first response byte
+  Duration idle{30000};  // gap between two body reads
   Duration total{600000};
 };
 
 struct Deployment {
-  std::string id;              // unique across the whole config
+  std::string id;  // unique across the whole config
   Url base_url;
   std::string api_key;         // resolved from the environment; may be empty
   std::string upstream_model;  // the name sent upstream
   std::vector<std::pair<std::string, std::string>> headers;
   Timeouts timeouts;
   bool tls_verify = true;
-  std::string ca_file;         // extra trust anchors (PEM); "" = system store only
+  std::string ca_file;  // extra trust anchors (PEM); "" = system store only
   unsigned weight = 1;
-  unsigned max_parallel = 0;   // 0 = unlimited
-  unsigned rpm = 0;            // 0 = unlimited
+  unsigned max_parallel = 0;  // 0 = unlimited
+  unsigned rpm = 0;           // 0 = unlimited
   // Idle connections each event-loop thread keeps open to this deployment,
   // so a first request pays no TCP/TLS handshake; 0 = none.
   unsigned warm_connections = 1;

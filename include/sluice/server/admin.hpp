@@ -11,7 +11,8 @@ class Gateway;
 // The admin listener, apart from client traffic: GET /metrics (Prometheus
 // text), GET /admin/routes (live router state as JSON), POST /admin/reload.
 // With server.admin_key set, every request needs `Authorization: Bearer KEY`.
-boost::asio::awaitable<void> serve_admin(Gateway& gateway, boost::asio::ip::tcp::acceptor& acceptor);
+boost::asio::awaitable<void> serve_admin(Gateway& gateway,
+                                         boost::asio::ip::tcp::acceptor& acceptor);
 
 // The router view: per deployment its window percentiles, samples, in-flight
 // count, recent error rate and cooldown.

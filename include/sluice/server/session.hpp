@@ -9,8 +9,7 @@ class Worker;
 
 // Serves one client connection: reads requests with limits and timeouts,
 // hands each to the pipeline, keeps the connection alive between them.
-boost::asio::awaitable<void> serve_connection(Worker& worker,
-                                              boost::asio::ip::tcp::socket socket);
+boost::asio::awaitable<void> serve_connection(Worker& worker, boost::asio::ip::tcp::socket socket);
 
 // Answers 503 and closes: the gateway is at server.max_connections.
 boost::asio::awaitable<void> refuse_connection(boost::asio::ip::tcp::socket socket);
