@@ -155,7 +155,7 @@ std::optional<Result<std::size_t, UpstreamError>> Exchange::read_buffered_body(
 net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* data,
                                                                        std::size_t capacity) {
   for (;;) {
-    if (auto buffered = read_buffered_body(data, capacity)) co_return std::move(*buffered);
+    if (auto buffered = read_buffered_body(data, capacity)) co_return *buffered;
     const auto read_deadline = std::min(Clock::now() + limits_.idle, limits_.deadline);
     auto& buffered = connection_->read_buffer();
     error_code ec;

@@ -1,6 +1,7 @@
 #include "sluice/upstream/pool.hpp"
 
 #include <algorithm>
+#include <new>
 
 namespace sluice::upstream {
 
@@ -24,19 +25,27 @@ std::unique_ptr<Connection> Pool::take(const std::string& origin_key, TimePoint 
   return nullptr;
 }
 
-void Pool::give_back(std::unique_ptr<Connection> connection, TimePoint now) {
+void Pool::give_back(std::unique_ptr<Connection> connection, TimePoint now) noexcept {
   counters_.active.fetch_sub(1, std::memory_order_relaxed);
   if (shut_down_) {
     connection->close();
     return;
   }
-  auto& stack = idle_[connection->origin_key()];
-  if (stack.size() >= options_.max_idle_per_origin) {
-    connection->close();
+  try {
+    auto& stack = idle_[connection->origin_key()];
+    if (stack.size() >= options_.max_idle_per_origin) {
+      connection->close();
+      return;
+    }
+    connection->idle_since = now;
+    stack.push_back(std::move(connection));
+  } catch (const std::bad_alloc&) {
+    // No memory to keep it idle: it is closed instead. An exchange gives its
+    // connection back from its destructor, where nothing may escape; a
+    // failed push_back leaves the connection with us.
+    if (connection) connection->close();
     return;
   }
-  connection->idle_since = now;
-  stack.push_back(std::move(connection));
   counters_.idle.fetch_add(1, std::memory_order_relaxed);
 }
 

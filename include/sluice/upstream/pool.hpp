@@ -41,7 +41,7 @@ class Pool {
   std::unique_ptr<Connection> take(const std::string& origin_key, TimePoint now);
   // Keeps the connection for reuse, or closes it when the origin already has
   // max_idle_per_origin idle ones.
-  void give_back(std::unique_ptr<Connection> connection, TimePoint now);
+  void give_back(std::unique_ptr<Connection> connection, TimePoint now) noexcept;
   // Closes idle connections unused for idle_expiry or closed by the peer.
   void close_expired(TimePoint now);
   std::size_t idle_count(const std::string& origin_key) const;
