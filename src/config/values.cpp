@@ -129,9 +129,9 @@ std::optional<Duration> parse_duration(const std::string& text) {
   } else if (unit == "s") {
     unit_ms = 1000;
   } else if (unit == "m") {
-    unit_ms = 60 * 1000;
+    unit_ms = std::int64_t{60} * 1000;
   } else if (unit == "h") {
-    unit_ms = 60 * 60 * 1000;
+    unit_ms = std::int64_t{60} * 60 * 1000;
   } else {
     return std::nullopt;
   }

@@ -60,7 +60,7 @@ std::string gateway_fields(std::string_view request_id, const metrics::TraceCont
   return fields;
 }
 
-constexpr std::size_t kMaxErrorBody = 256 * 1024;
+constexpr std::size_t kMaxErrorBody = std::size_t{256} * 1024;
 
 // Appends the body to `body` until its end or `limit` bytes; returns whether
 // it was read to its end.
@@ -623,7 +623,7 @@ net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& cont
                                                             const config::Model& model,
                                                             std::string_view endpoint,
                                                             std::string_view body_after_model) {
-  constexpr std::size_t kMaxInternalBody = 16 * 1024 * 1024;
+  constexpr std::size_t kMaxInternalBody = std::size_t{16} * 1024 * 1024;
   ProxyInputs inputs;
   inputs.endpoint = endpoint;
   const std::string added_fields =

@@ -85,7 +85,7 @@ net::awaitable<void> close_gracefully(beast::tcp_stream& client) {
   client.socket().shutdown(net::ip::tcp::socket::shutdown_send, ignored);
   client.expires_after(std::chrono::seconds(1));
   std::array<char, 4096> sink;
-  for (std::size_t drained = 0; drained < 1024 * 1024;) {
+  for (std::size_t drained = 0; drained < std::size_t{1024} * 1024;) {
     auto [ec, n] = co_await client.async_read_some(net::buffer(sink), as_tuple(use_awaitable));
     if (ec) break;
     drained += n;
