@@ -37,19 +37,25 @@ struct Connection {
     return done();
   }
 
+  // Starts watching a request, with `exchange` as its upstream attempt.
+  void watch_request(upstream::AbortHandle& exchange) {
+    watch.start();
+    watch.watch(&exchange);
+  }
+
   net::io_context context;
   tcp::acceptor acceptor;
   tcp::socket client{context};
   tcp::socket served{context};
   boost::beast::flat_buffer buffer;
+  ClientWatch watch{served, buffer};
 };
 
 TEST(ClientWatch, ReadsOnlyOnceAWatchedExchangeHasSentItsRequest) {
   Connection connection;
-  ClientWatch watch(connection.served, connection.buffer);
+  auto& watch = connection.watch;
   upstream::AbortHandle exchange;
-  watch.start();
-  watch.watch(&exchange);
+  connection.watch_request(exchange);
   connection.context.poll();
   EXPECT_FALSE(watch.reading());
 
@@ -67,10 +73,9 @@ TEST(ClientWatch, ReadsOnlyOnceAWatchedExchangeHasSentItsRequest) {
 
 TEST(ClientWatch, ASendAfterTheWatchEndedOrTheExchangeLeftStartsNothing) {
   Connection connection;
-  ClientWatch watch(connection.served, connection.buffer);
+  auto& watch = connection.watch;
   upstream::AbortHandle left, after_stop;
-  watch.start();
-  watch.watch(&left);
+  connection.watch_request(left);
   watch.unwatch(&left);
   left.notify_sent();
   EXPECT_FALSE(watch.reading());
@@ -83,10 +88,9 @@ TEST(ClientWatch, ASendAfterTheWatchEndedOrTheExchangeLeftStartsNothing) {
 
 TEST(ClientWatch, BytesFromTheClientAreTheNextRequestNotADeparture) {
   Connection connection;
-  ClientWatch watch(connection.served, connection.buffer);
+  auto& watch = connection.watch;
   upstream::AbortHandle exchange;
-  watch.start();
-  watch.watch(&exchange);
+  connection.watch_request(exchange);
   exchange.notify_sent();
 
   constexpr std::string_view kNext = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
