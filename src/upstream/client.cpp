@@ -292,7 +292,6 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
     if (!sent.finished) sent = co_await write_rest(conn, wire, sent);
     const error_code write_ec = sent.ec;
     timing.sent = Clock::now();
-    if (!write_ec) abort_handle.notify_sent();
     if (write_ec) {
       exchange->failed_ = true;
       if (timing.reused && !abort_handle.aborted()) {
@@ -305,6 +304,7 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
       if (error.failure != Failure::aborted && !error.is_timeout()) error.failure = Failure::send;
       co_return error;
     }
+    abort_handle.notify_sent();
 
     error_code read_ec;
     if (auto* socket = conn.plain_socket()) {
