@@ -53,23 +53,23 @@ bool is_hop_by_hop_header(std::string_view name) {
   // the length alone rules them out.
   switch (name.size()) {
     case 2:
-      return iequals(name, "te");
+      return field_name_is(name, "te");
     case 4:
-      return iequals(name, "host");
+      return field_name_is(name, "host");
     case 7:
-      return iequals(name, "trailer") || iequals(name, "upgrade");
+      return field_name_is(name, "trailer") || field_name_is(name, "upgrade");
     case 10:
-      return iequals(name, "connection") || iequals(name, "keep-alive");
+      return field_name_is(name, "connection") || field_name_is(name, "keep-alive");
     case 14:
-      return iequals(name, "content-length");
+      return field_name_is(name, "content-length");
     case 16:
-      return iequals(name, "proxy-connection");
+      return field_name_is(name, "proxy-connection");
     case 17:
-      return iequals(name, "transfer-encoding");
+      return field_name_is(name, "transfer-encoding");
     case 18:
-      return iequals(name, "proxy-authenticate");
+      return field_name_is(name, "proxy-authenticate");
     case 19:
-      return iequals(name, "proxy-authorization");
+      return field_name_is(name, "proxy-authorization");
     default:
       return false;
   }

@@ -19,7 +19,7 @@ namespace {
 // nor store.
 bool opts_out(const ClientRequest& request) {
   bool opted_out = false;
-  request.for_each_value(boost::beast::http::field::cache_control, [&](std::string_view value) {
+  request.for_each_value("cache-control", [&](std::string_view value) {
     std::size_t start = 0;
     while (!opted_out && start <= value.size()) {
       auto end = std::min(value.find(',', start), value.size());

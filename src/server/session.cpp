@@ -152,7 +152,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     }
 
     if (!request.is_done()) {
-      auto expect = request[http::field::expect];
+      auto expect = request["expect"];
       if (expect.size() == 12 && beast::iequals(expect, "100-continue")) {
         client.expires_after(limits.body_timeout);
         co_await net::async_write(client, net::buffer("HTTP/1.1 100 Continue\r\n\r\n", 25),

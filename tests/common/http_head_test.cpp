@@ -26,6 +26,31 @@ TEST(HttpHead, CaseInsensitiveEquality) {
   EXPECT_FALSE(iequals("[", "{"));
 }
 
+// Every token character at every position of names shorter than, equal to
+// and longer than a word: the word-wise comparison agrees with iequals.
+TEST(HttpHead, FieldNameComparisonAgreesWithCaseInsensitiveEquality) {
+  const std::string_view token_bytes =
+      "!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+  std::size_t matches = 0;
+  for (std::string_view lowercase : {"te", "api-key", "x-api-key", "connection", "content-length",
+                                     "transfer-encoding", "proxy-authorization"}) {
+    EXPECT_TRUE(field_name_is(std::string(lowercase), lowercase));
+    for (std::size_t at = 0; at < lowercase.size(); ++at) {
+      for (char byte : token_bytes) {
+        std::string name(lowercase);
+        name[at] = byte;
+        const bool expected = iequals(name, lowercase);
+        EXPECT_EQ(field_name_is(name, lowercase), expected) << name << " / " << lowercase;
+        matches += expected ? 1 : 0;
+      }
+    }
+    EXPECT_FALSE(field_name_is(std::string(lowercase) + "s", lowercase));
+    EXPECT_FALSE(field_name_is(lowercase.substr(1), lowercase));
+  }
+  // Each letter matched in both cases, each '-' once.
+  EXPECT_EQ(matches, 2 * (2 + 6 + 7 + 10 + 13 + 16 + 18) + (0 + 1 + 2 + 0 + 1 + 1 + 1));
+}
+
 TEST(HttpHead, WriterBuildsAHeadAndReusesItsString) {
   std::string out = "left over";
   HeadWriter(out)

@@ -1,11 +1,14 @@
 // The client request as the stages read it: what the parser keeps of the
-// head, which fields travel upstream, and the body however it was framed.
+// head, which fields travel upstream, and the body however it was framed --
+// the same whichever reader took the head, the plain one or Beast's.
 #include "sluice/server/client_request.hpp"
 
 #include <gtest/gtest.h>
 
 #include <boost/asio/buffer.hpp>
 #include <boost/beast/http/error.hpp>
+#include <initializer_list>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +22,14 @@ namespace http = boost::beast::http;
 using boost::beast::error_code;
 
 using sluice::testing::feed_parser;
+using Reading = ClientRequest::Reading;
+
+constexpr std::initializer_list<Reading> kBothReaders = {Reading::plain_when_possible,
+                                                         Reading::beast_only};
+
+const char* name_of(Reading reading) {
+  return reading == Reading::beast_only ? "Beast's reader" : "the plain reader first";
+}
 
 TEST(ClientRequest, SplitsTheFieldsIntoForwardedAndWithheldLines) {
   const std::string text =
@@ -36,33 +47,46 @@ TEST(ClientRequest, SplitsTheFieldsIntoForwardedAndWithheldLines) {
       "Content-Length: 2\r\n"
       "\r\n"
       "{}";
-  ClientRequest request;
-  error_code ec;
-  EXPECT_EQ(feed_parser(request, text, ec), text.size());
-  ASSERT_FALSE(ec) << ec.message();
-  ASSERT_TRUE(request.is_done());
-  EXPECT_EQ(request.method(), http::verb::post);
-  EXPECT_EQ(request.method_string(), "POST");
-  EXPECT_EQ(request.target(), "/v1/chat/completions?x=1");
-  EXPECT_EQ(request.version(), 11u);
-  EXPECT_TRUE(request.keep_alive());
-  EXPECT_EQ(request.body(), "{}");
-  // In the order and spelling received; credentials, framing, the trace and
-  // request id (the gateway writes its own), Expect and encodings stay.
-  EXPECT_EQ(request.forwarded_fields(),
-            "content-type: application/json\r\n"
-            "X-Stainless-Lang: python\r\n"
-            "OpenAI-Beta: assistants=v2\r\n");
-  // Every field can be looked up, withheld or not, by any spelling.
-  EXPECT_EQ(request["authorization"], "Bearer sk-secret");
-  EXPECT_EQ(request[http::field::authorization], "Bearer sk-secret");
-  EXPECT_EQ(request["X-API-KEY"], "sk-other");
-  EXPECT_EQ(request["x-request-id"], "abc");
-  EXPECT_EQ(request["openai-beta"], "assistants=v2");
-  EXPECT_EQ(request[http::field::content_type], "application/json");
-  EXPECT_EQ(request[http::field::expect], "100-continue");
-  EXPECT_EQ(request["x-missing"], "");
-  EXPECT_EQ(request[http::field::cache_control], "");
+  for (Reading reading : kBothReaders) {
+    SCOPED_TRACE(name_of(reading));
+    ClientRequest request(reading);
+    error_code ec;
+    EXPECT_EQ(feed_parser(request, text, ec), text.size());
+    ASSERT_FALSE(ec) << ec.message();
+    ASSERT_TRUE(request.is_done());
+    EXPECT_EQ(request.read_plainly(), reading == Reading::plain_when_possible);
+    EXPECT_EQ(request.method(), http::verb::post);
+    EXPECT_EQ(request.method_string(), "POST");
+    EXPECT_EQ(request.target(), "/v1/chat/completions?x=1");
+    EXPECT_EQ(request.version(), 11u);
+    EXPECT_TRUE(request.keep_alive());
+    EXPECT_EQ(request.body(), "{}");
+    // In the order and spelling received; credentials, framing, the trace and
+    // request id (the gateway writes its own), Expect and encodings stay.
+    EXPECT_EQ(request.forwarded_fields(),
+              "content-type: application/json\r\n"
+              "X-Stainless-Lang: python\r\n"
+              "OpenAI-Beta: assistants=v2\r\n");
+    // Every field can be looked up, withheld or not, by any spelling.
+    EXPECT_EQ(request.withheld_fields(),
+              "Host: gateway\r\n"
+              "Authorization: Bearer sk-secret\r\n"
+              "x-api-key: sk-other\r\n"
+              "Traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n"
+              "Accept-Encoding: gzip\r\n"
+              "X-Request-Id: abc\r\n"
+              "Expect: 100-continue\r\n"
+              "Content-Length: 2\r\n");
+    EXPECT_EQ(request["authorization"], "Bearer sk-secret");
+    EXPECT_EQ(request["Authorization"], "Bearer sk-secret");
+    EXPECT_EQ(request["X-API-KEY"], "sk-other");
+    EXPECT_EQ(request["x-request-id"], "abc");
+    EXPECT_EQ(request["openai-beta"], "assistants=v2");
+    EXPECT_EQ(request["Content-Type"], "application/json");
+    EXPECT_EQ(request["expect"], "100-continue");
+    EXPECT_EQ(request["x-missing"], "");
+    EXPECT_EQ(request["cache-control"], "");
+  }
 }
 
 TEST(ClientRequest, RepeatedFieldsAreAllKeptAndTheFirstIsLookedUp) {
@@ -73,19 +97,23 @@ TEST(ClientRequest, RepeatedFieldsAreAllKeptAndTheFirstIsLookedUp) {
       "cache-control: no-store\r\n"
       "X-Tag: two\r\n"
       "\r\n";
-  ClientRequest request;
-  error_code ec;
-  EXPECT_EQ(feed_parser(request, text, ec), text.size());
-  ASSERT_FALSE(ec) << ec.message();
-  EXPECT_EQ(request.version(), 10u);
-  EXPECT_FALSE(request.keep_alive());  // HTTP/1.0 without keep-alive
-  EXPECT_EQ(request["x-tag"], "one");
-  std::vector<std::string> values;
-  request.for_each_value(http::field::cache_control,
-                         [&](std::string_view value) { values.emplace_back(value); });
-  EXPECT_EQ(values, (std::vector<std::string>{"max-age=0", "no-store"}));
-  EXPECT_EQ(request.forwarded_fields(),
-            "Cache-Control: max-age=0\r\nX-Tag: one\r\ncache-control: no-store\r\nX-Tag: two\r\n");
+  for (Reading reading : kBothReaders) {
+    SCOPED_TRACE(name_of(reading));
+    ClientRequest request(reading);
+    error_code ec;
+    EXPECT_EQ(feed_parser(request, text, ec), text.size());
+    ASSERT_FALSE(ec) << ec.message();
+    EXPECT_EQ(request.version(), 10u);
+    EXPECT_FALSE(request.keep_alive());  // HTTP/1.0 without keep-alive
+    EXPECT_EQ(request["x-tag"], "one");
+    std::vector<std::string> values;
+    request.for_each_value("Cache-Control",
+                           [&](std::string_view value) { values.emplace_back(value); });
+    EXPECT_EQ(values, (std::vector<std::string>{"max-age=0", "no-store"}));
+    EXPECT_EQ(
+        request.forwarded_fields(),
+        "Cache-Control: max-age=0\r\nX-Tag: one\r\ncache-control: no-store\r\nX-Tag: two\r\n");
+  }
 }
 
 TEST(ClientRequest, AChunkedBodyArrivesWholeWhateverThePieces) {
@@ -117,42 +145,277 @@ TEST(ClientRequest, AChunkedBodyArrivesWholeWhateverThePieces) {
 
 TEST(ClientRequest, KeepsAMethodBeastDoesNotKnow) {
   const std::string text = "BREW /pot HTTP/1.1\r\nHost: x\r\n\r\n";
-  ClientRequest request;
-  error_code ec;
-  EXPECT_EQ(feed_parser(request, text, ec), text.size());
-  ASSERT_FALSE(ec) << ec.message();
-  EXPECT_EQ(request.method(), http::verb::unknown);
-  EXPECT_EQ(request.method_string(), "BREW");
-  EXPECT_EQ(request.target(), "/pot");
+  for (Reading reading : kBothReaders) {
+    SCOPED_TRACE(name_of(reading));
+    ClientRequest request(reading);
+    error_code ec;
+    EXPECT_EQ(feed_parser(request, text, ec), text.size());
+    ASSERT_FALSE(ec) << ec.message();
+    EXPECT_EQ(request.method(), http::verb::unknown);
+    EXPECT_EQ(request.method_string(), "BREW");
+    EXPECT_EQ(request.target(), "/pot");
+  }
 }
 
 TEST(ClientRequest, LimitsAndBadHeadsAreErrors) {
-  {
-    ClientRequest request;
-    request.header_limit(64);
-    error_code ec;
-    feed_parser(request, "POST / HTTP/1.1\r\nX-Long: " + std::string(100, 'a') + "\r\n\r\n", ec);
-    EXPECT_EQ(ec, http::error::header_limit);
+  for (Reading reading : kBothReaders) {
+    SCOPED_TRACE(name_of(reading));
+    {
+      ClientRequest request(reading);
+      request.header_limit(64);
+      error_code ec;
+      feed_parser(request, "POST / HTTP/1.1\r\nX-Long: " + std::string(100, 'a') + "\r\n\r\n", ec);
+      EXPECT_EQ(ec, http::error::header_limit);
+    }
+    {
+      ClientRequest request(reading);
+      request.body_limit(4);
+      error_code ec;
+      feed_parser(request, "POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789", ec);
+      EXPECT_EQ(ec, http::error::body_limit);
+    }
+    {
+      ClientRequest request(reading);
+      error_code ec;
+      feed_parser(request, "HTTP/1.1 200 OK\r\n\r\n", ec);
+      EXPECT_TRUE(ec);
+    }
+    {
+      ClientRequest request(reading);
+      error_code ec;
+      feed_parser(request, "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", ec);
+      EXPECT_TRUE(ec);
+    }
   }
-  {
-    ClientRequest request;
-    request.body_limit(4);
-    error_code ec;
-    feed_parser(request, "POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789", ec);
-    EXPECT_EQ(ec, http::error::body_limit);
+}
+
+TEST(ClientRequest, APlainBodyArrivesWholeWhateverThePieces) {
+  const std::string head =
+      "POST /v1/embeddings HTTP/1.1\r\n"
+      "Content-Length: 8\r\n"
+      "Connection: close\r\n"
+      "\r\n";
+  const std::string body = "{\"a\":12}";
+  ClientRequest request;
+  error_code ec;
+  EXPECT_EQ(feed_parser(request, head + body.substr(0, 3), ec), head.size() + 3);
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_TRUE(request.read_plainly());
+  EXPECT_TRUE(request.is_header_done());
+  EXPECT_FALSE(request.is_done());
+  EXPECT_FALSE(request.keep_alive());
+  for (char c : body.substr(3)) {
+    EXPECT_EQ(feed_parser(request, std::string(1, c), ec), 1u);
+    ASSERT_FALSE(ec) << ec.message();
   }
-  {
+  EXPECT_TRUE(request.is_done());
+  EXPECT_EQ(request.body(), body);
+  request.put_eof(ec);
+  EXPECT_FALSE(ec);
+
+  // The connection ending before the body is whole is a partial message.
+  ClientRequest cut;
+  feed_parser(cut, head + "{", ec);
+  ASSERT_TRUE(cut.read_plainly());
+  cut.put_eof(ec);
+  EXPECT_EQ(ec, http::error::partial_message);
+}
+
+// Everything observable of one reading of `text`, fed as one piece.
+struct Observed {
+  error_code ec;
+  std::size_t used = 0;
+  bool plain = false;
+  bool header_done = false;
+  bool done = false;
+  std::optional<bool> keep_alive;
+  http::verb method = http::verb::unknown;
+  std::string method_text, target, forwarded, withheld, body;
+  unsigned version = 0;
+
+  bool operator==(const Observed&) const = default;
+};
+
+Observed observe(Reading reader, std::string_view text, std::uint32_t header_limit,
+                 std::uint64_t body_limit) {
+  ClientRequest request(reader);
+  request.header_limit(header_limit);
+  request.body_limit(body_limit);
+  Observed result;
+  // Beast's parser must not be fed once the message is done.
+  while (result.used < text.size() && !request.is_done()) {
+    result.ec = {};
+    const auto taken = request.put(
+        boost::asio::buffer(text.data() + result.used, text.size() - result.used), result.ec);
+    result.used += taken;
+    if (result.ec || taken == 0) break;
+  }
+  result.plain = request.read_plainly();
+  result.header_done = request.is_header_done();
+  result.done = request.is_done();
+  if (result.header_done) result.keep_alive = request.keep_alive();
+  result.method = request.method();
+  result.method_text = request.method_string();
+  result.target = request.target();
+  result.forwarded = request.forwarded_fields();
+  result.withheld = request.withheld_fields();
+  result.body = request.body();
+  result.version = request.version();
+  return result;
+}
+
+std::string describe(const Observed& r) {
+  return "ec=" + r.ec.message() + " used=" + std::to_string(r.used) +
+         " header_done=" + std::to_string(r.header_done) + " done=" + std::to_string(r.done) +
+         " keep_alive=" + (r.keep_alive ? std::to_string(*r.keep_alive) : "-") +
+         " method=" + r.method_text + " target=" + r.target +
+         " version=" + std::to_string(r.version) + "\nforwarded=" + r.forwarded +
+         "withheld=" + r.withheld + "body=" + r.body;
+}
+
+// Whatever the plain reader takes, it reads as Beast's parser does; what it
+// leaves, Beast's parser reads. True when the plain reader took the head.
+bool expect_read_alike(const std::string& text, std::uint32_t header_limit = 8192,
+                       std::uint64_t body_limit = 1024 * 1024) {
+  const auto first = observe(Reading::plain_when_possible, text, header_limit, body_limit);
+  auto beast = observe(Reading::beast_only, text, header_limit, body_limit);
+  beast.plain = first.plain;
+  EXPECT_EQ(first, beast) << "head limit " << header_limit << ", body limit " << body_limit
+                          << ", text:\n"
+                          << text << "\n-- plain reader first: " << describe(first)
+                          << "\n-- Beast's reader: " << describe(beast);
+  return first.plain;
+}
+
+// Each head is altered at every position by replacing, inserting or deleting
+// a byte from a set that crosses every boundary the readers check (controls,
+// separators, obs-text, digits), under the default limits and under limits
+// the head or body just meets or just exceeds.
+TEST(ClientRequest, ThePlainReaderAgreesWithBeastOnAlteredHeads) {
+  const std::string bases[] = {
+      "POST /v1/chat/completions HTTP/1.1\r\n"
+      "Host: 127.0.0.1:8080\r\n"
+      "Authorization: Bearer sk-test\r\n"
+      "Content-Type: application/json\r\n"
+      "X-Stainless-Lang: python\r\n"
+      "Content-Length: 17\r\n"
+      "\r\n"
+      "{\"model\":\"gpt-x\"}",
+      "GET /v1/models?limit=2 HTTP/1.0\r\n"
+      "Connection: keep-alive\r\n"
+      "Cache-Control:  no-cache \t\r\n"
+      "Accept:\r\n"
+      "\r\n",
+      "DELETE /v1/files/f-1 HTTP/1.1\r\n"
+      "Connection: close\r\n"
+      "Content-Length: 0\r\n"
+      "Expect: 100-continue\r\n"
+      "x-api-key: k\r\n"
+      "\r\n",
+  };
+  constexpr char kBytes[] = {'\0',   '\t',   ' ', '\r', '\n', ':', ',', '"', '(',    '\x7f',
+                             '\x80', '\xff', 'a', 'A',  '0',  '9', '-', '/', '\x1f', '~'};
+  std::size_t compared = 0;
+  std::size_t read_plainly = 0;
+  for (const std::string& base : bases) {
+    const std::size_t head_size = base.find("\r\n\r\n") + 4;
+    const std::size_t body_size = base.size() - head_size;
+    std::vector<std::string> texts{base};
+    for (std::size_t at = 0; at <= base.size(); ++at) {
+      for (char byte : kBytes) {
+        texts.push_back(std::string(base).insert(at, 1, byte));
+        if (at < base.size() && base[at] != byte) {
+          std::string replaced = base;
+          replaced[at] = byte;
+          texts.push_back(std::move(replaced));
+        }
+      }
+      if (at < base.size()) texts.push_back(std::string(base).erase(at, 1));
+    }
+    const std::pair<std::uint32_t, std::uint64_t> limits[] = {
+        {8192, 1024 * 1024},
+        {static_cast<std::uint32_t>(head_size), body_size},
+        {static_cast<std::uint32_t>(head_size - 1), body_size == 0 ? 0 : body_size - 1},
+    };
+    for (const auto& [header_limit, body_limit] : limits) {
+      for (const std::string& text : texts) {
+        ++compared;
+        if (expect_read_alike(text, header_limit, body_limit)) ++read_plainly;
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
+  }
+  // Both readers must have been exercised: a plain reader that took nothing
+  // would agree with Beast trivially.
+  EXPECT_GT(read_plainly, compared / 8) << read_plainly << " of " << compared;
+  EXPECT_LT(read_plainly, compared * 3 / 4) << read_plainly << " of " << compared;
+}
+
+// Framing and connection edges the alterations above do not reach.
+TEST(ClientRequest, ThePlainReaderAgreesWithBeastOnFramingEdges) {
+  for (const std::string text : {
+           "GET / HTTP/1.1\r\nProxy-Connection: close\r\n\r\n",
+           "GET / HTTP/1.0\r\nProxy-Connection: keep-alive\r\n\r\n",
+           "GET / HTTP/1.0\r\nConnection: close\r\nConnection: keep-alive\r\n\r\n",
+           "GET / HTTP/1.1\r\nConnection: keep-alive\r\nconnection: CLOSE\r\n\r\n",
+           "GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+           "GET / HTTP/1.1\r\nUpgrade: websocket\r\n\r\n",
+           "POST / HTTP/1.1\r\nContent-Length: 18446744073709551616\r\n\r\n{}",
+           "POST / HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n{}",
+           "POST / HTTP/1.1\r\nContent-Length: 999999999999999999\r\n\r\n{}",
+           "POST / HTTP/1.1\r\nContent-Length: 000000000000000000002\r\n\r\n{}",
+           "POST / HTTP/1.1\r\nContent-Length: 2\r\ncontent-length: 2\r\n\r\n{}",
+           "POST / HTTP/1.1\r\nContent-Length:2\r\n\r\n{}",
+           "POST / HTTP/1.1\r\nContent-Length: +2\r\n\r\n{}",
+           "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+           "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n{}",
+           "GET / HTTP/1.1\r\nX:\r\n\r\n",
+           "GET / HTTP/1.1\r\nX-A: a\r\n\t b\r\n\r\n",
+           "GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /next HTTP/1.1\r\n\r\n",
+           "GET / HTTP/1.1\n\n",
+           "GET / HTTP/1.1\r\nHost: a\n\r\n",
+           "GET  / HTTP/1.1\r\n\r\n",
+           "GET / HTTP/1.1 \r\n\r\n",
+           "GET / HTTP/2.0\r\n\r\n",
+           "GET / HTTP/1.1\r\n\r",
+       }) {
+    expect_read_alike(text);
+  }
+}
+
+TEST(ClientRequest, HeadsOutsideThePlainShapeOrInPiecesGoToBeast) {
+  const std::string plain = "POST /v1/x HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}";
+  for (const std::string text : {
+           "POST /v1/x HTTP/1.1\r\nX-Name: caf\xc3\xa9\r\nContent-Length: 2\r\n\r\n{}",
+           "POST /v1/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+           "POST /v1/x HTTP/1.1\r\nContent-Length: 2, 2\r\n\r\n{}",
+           "POST /v1/x HTTP/1.1\r\nConnection: keep-alive, close\r\nContent-Length: 2\r\n\r\n{}",
+           "post /v1/x HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
+           "POST /v1/x HTTP/1.1\r\nX-Folded: a\r\n b\r\nContent-Length: 2\r\n\r\n{}",
+           "GET /chat HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
+       }) {
+    SCOPED_TRACE(text);
     ClientRequest request;
     error_code ec;
-    feed_parser(request, "HTTP/1.1 200 OK\r\n\r\n", ec);
-    EXPECT_TRUE(ec);
+    feed_parser(request, text, ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_TRUE(request.is_done());
+    EXPECT_FALSE(request.read_plainly());
   }
-  {
-    ClientRequest request;
-    error_code ec;
-    feed_parser(request, "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", ec);
-    EXPECT_TRUE(ec);
-  }
+  // The same head read plainly when whole, by Beast when it arrives in two.
+  ClientRequest whole;
+  error_code ec;
+  feed_parser(whole, plain, ec);
+  EXPECT_TRUE(whole.read_plainly());
+  ClientRequest split;
+  EXPECT_EQ(feed_parser(split, plain.substr(0, 10), ec), 0u);
+  EXPECT_EQ(ec, http::error::need_more);
+  EXPECT_EQ(feed_parser(split, plain, ec), plain.size());
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_FALSE(split.read_plainly());
+  EXPECT_TRUE(split.is_done());
+  EXPECT_EQ(split.body(), whole.body());
+  EXPECT_EQ(split.withheld_fields(), whole.withheld_fields());
 }
 
 // The parser's lookup of a name decides what is withheld; it must agree with

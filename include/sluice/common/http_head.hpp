@@ -2,6 +2,8 @@
 
 #include <boost/beast/http/field.hpp>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -33,7 +35,7 @@ class HeadWriter {
 };
 
 // Hop-by-hop headers (RFC 9110 §7.6.1) and the framing headers a proxy
-// always sets itself.
+// always sets itself, for a name as parsed (token characters).
 bool is_hop_by_hop_header(std::string_view name);
 // The same set for a name the parser has looked up already: Beast knows
 // every hop-by-hop name, so an unknown one is end-to-end.
@@ -50,6 +52,33 @@ inline bool iequals(std::string_view a, std::string_view b) {
     if (x != y) return false;
   }
   return true;
+}
+
+// Whether a field name as parsed (token characters only) is `lowercase`, a
+// name of lower-case letters, digits and '-', in any case. Setting bit 5 of
+// every byte lower-cases letters and maps no other token character onto a
+// letter, digit or '-', so eight bytes are compared at a time.
+inline bool field_name_is(std::string_view name, std::string_view lowercase) {
+  const std::size_t size = name.size();
+  if (size != lowercase.size()) return false;
+  if (size < 8) {
+    for (std::size_t i = 0; i < size; ++i) {
+      if ((name[i] | 0x20) != lowercase[i]) return false;
+    }
+    return true;
+  }
+  const auto word = [](const char* at) {
+    std::uint64_t value;
+    std::memcpy(&value, at, sizeof value);
+    return value;
+  };
+  constexpr std::uint64_t kBit5 = 0x2020202020202020;
+  for (std::size_t i = 0; i + 8 < size; i += 8) {
+    if ((word(name.data() + i) | kBit5) != word(lowercase.data() + i)) return false;
+  }
+  // The last eight bytes, overlapping the words before when size is not a
+  // multiple of eight.
+  return (word(name.data() + size - 8) | kBit5) == word(lowercase.data() + size - 8);
 }
 
 }  // namespace sluice
