@@ -1,12 +1,7 @@
 #include "sluice/server/client_request.hpp"
 
-#include <array>
 #include <boost/beast/http/error.hpp>
 #include <cstring>
-#include <optional>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 namespace sluice::server {
 
@@ -20,77 +15,6 @@ namespace {
 // for its terminator).
 constexpr std::size_t kTypicalForwardedBytes = BlockCache::kLargestBlock - 1;
 constexpr std::size_t kTypicalWithheldBytes = 192;
-
-// RFC 9110's tchar, the bytes of a field name, as Beast's parser has them.
-constexpr std::array<bool, 256> kTokenBytes = [] {
-  std::array<bool, 256> table{};
-  for (int c = '0'; c <= '9'; ++c) table[c] = true;
-  for (int c = 'A'; c <= 'Z'; ++c) table[c] = table[c - 'A' + 'a'] = true;
-  for (unsigned char c : std::string_view("!#$%&'*+-.^_`|~")) table[c] = true;
-  return table;
-}();
-
-// The first byte from `p` on that is a control below `lowest`, DEL or above
-// 0x7f (Beast also takes those, which send the head to it), or `last`. Field
-// values and targets are most of a head's bytes: 16 are tested at a time.
-const char* skip_visible(const char* p, const char* last, signed char lowest) {
-#if defined(__SSE2__)
-  const __m128i floor = _mm_set1_epi8(lowest);
-  const __m128i del = _mm_set1_epi8(0x7f);
-  while (last - p >= 16) {
-    const __m128i block = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    // Signed: bytes above 0x7f are negative, so below the floor too.
-    const int stops =
-        _mm_movemask_epi8(_mm_or_si128(_mm_cmplt_epi8(block, floor), _mm_cmpeq_epi8(block, del)));
-    if (stops != 0) return p + __builtin_ctz(static_cast<unsigned>(stops));
-    p += 16;
-  }
-#endif
-  while (p < last && static_cast<signed char>(*p) >= lowest && *p != 0x7f) ++p;
-  return p;
-}
-
-constexpr bool is_whitespace(char c) { return c == ' ' || c == '\t'; }
-
-// What the framing fields say, as far as the plain reader follows them.
-struct PlainFraming {
-  std::optional<std::uint64_t> content_length;
-  bool close = false;
-  bool keep_alive = false;
-
-  // Takes one withheld field; false for one the plain reader leaves to
-  // Beast: a second or non-decimal Content-Length, any other Connection
-  // value (an upgrade among them), Transfer-Encoding, Proxy-Connection.
-  bool take(std::string_view name, std::string_view value) {
-    switch (name.size()) {
-      case 10:
-        if (!field_name_is(name, "connection")) return true;
-        close = close || iequals(value, "close");
-        keep_alive = keep_alive || iequals(value, "keep-alive");
-        return iequals(value, "close") || iequals(value, "keep-alive");
-      case 14:
-        return !field_name_is(name, "content-length") || take_content_length(value);
-      case 16:
-        return !field_name_is(name, "proxy-connection");
-      case 17:
-        return !field_name_is(name, "transfer-encoding");
-      default:
-        return true;
-    }
-  }
-
-  bool take_content_length(std::string_view value) {
-    // 18 digits cannot overflow; longer lengths are Beast's to judge.
-    if (content_length || value.empty() || value.size() > 18) return false;
-    std::uint64_t length = 0;
-    for (char c : value) {
-      if (c < '0' || c > '9') return false;
-      length = length * 10 + static_cast<std::uint64_t>(c - '0');
-    }
-    content_length = length;
-    return true;
-  }
-};
 
 }  // namespace
 
@@ -133,39 +57,10 @@ std::string_view ClientRequest::operator[](std::string_view name) const {
   return {};
 }
 
-std::size_t ClientRequest::put(boost::asio::const_buffer buffer, error_code& ec) {
-  const std::string_view bytes(static_cast<const char*>(buffer.data()), buffer.size());
-  switch (route_) {
-    case Route::plain:
-      ec = {};
-      return take_plain_body(bytes);
-    case Route::undecided:
-      if (bytes.empty()) {
-        ec = http::error::need_more;
-        return 0;
-      }
-      if (const std::size_t head = read_plain_head(bytes)) {
-        route_ = Route::plain;
-        ec = {};
-        return head + take_plain_body(bytes.substr(head));
-      }
-      route_ = Route::beast;
-      break;
-    case Route::beast:
-      break;
-  }
-  return basic_parser::put(buffer, ec);
-}
-
-void ClientRequest::put_eof(error_code& ec) {
-  if (route_ == Route::beast) return basic_parser::put_eof(ec);
-  ec = is_done() ? error_code{} : error_code{http::error::partial_message};
-}
-
 std::size_t ClientRequest::read_plain_head(std::string_view bytes) {
   const char* p = bytes.data();
   // A head longer than the limit is Beast's to refuse.
-  const char* const last = p + std::min<std::size_t>(bytes.size(), header_limit_bytes_);
+  const char* const last = p + plain_head_room(bytes.size());
 
   const char* const method_first = p;
   while (p < last && *p >= 'A' && *p <= 'Z') ++p;
@@ -188,53 +83,33 @@ std::size_t ClientRequest::read_plain_head(std::string_view bytes) {
   begin_head(http::string_to_verb(method), method, target, version);
 
   PlainFraming framing;
-  const auto leave_to_beast = [this] {
-    start_line_.clear();
-    forwarded_.clear();
-    withheld_.clear();
-    fields_.clear();
-    return std::size_t{0};
-  };
-  for (;;) {
-    if (last - p < 2) return leave_to_beast();
-    if (p[0] == '\r') {
-      if (p[1] != '\n') return leave_to_beast();
-      p += 2;
-      break;
-    }
-    // A line that starts with whitespace continues the last one (obs-fold):
-    // it has no name, which leaves it to Beast.
-    const char* const name_first = p;
-    while (p < last && kTokenBytes[static_cast<unsigned char>(*p)]) ++p;
-    if (p == name_first || p == last || *p != ':') return leave_to_beast();
-    const std::string_view name(name_first, static_cast<std::size_t>(p - name_first));
-    ++p;
-    while (p < last && is_whitespace(*p)) ++p;
-    const char* const value_first = p;
-    // Visible bytes, spaces and tabs.
-    p = skip_visible(p, last, 0x20);
-    while (p < last && *p == '\t') p = skip_visible(p + 1, last, 0x20);
-    if (last - p < 2 || p[0] != '\r' || p[1] != '\n') return leave_to_beast();
-    const char* value_last = p;
-    while (value_last > value_first && is_whitespace(value_last[-1])) --value_last;
-    p += 2;
-    const std::string_view value(value_first, static_cast<std::size_t>(value_last - value_first));
-    // Every framing field is hop-by-hop, so withheld.
-    const bool withheld = is_withheld_from_upstream(name);
-    if (withheld && !framing.take(name, value)) return leave_to_beast();
-    add_field(name, value, withheld);
-  }
+  const char* const body =
+      scan_plain_fields(p, last, [&](std::string_view name, std::string_view value) {
+        // Every framing field is hop-by-hop, so withheld.
+        const bool withheld = is_withheld_from_upstream(name);
+        if (withheld && !framing.take(name, value)) return false;
+        add_field(name, value, withheld);
+        return true;
+      });
   // Beast refuses a length over the limit with its own error.
-  if (framing.content_length && *framing.content_length > body_limit_bytes_) {
-    return leave_to_beast();
+  if (body == nullptr || (framing.content_length && !within_body_limit(*framing.content_length))) {
+    forget_head();
+    return 0;
   }
-  plain_keep_alive_ = version == 11 ? !framing.close : framing.keep_alive;
-  body_remaining_ = framing.content_length.value_or(0);
+  take_plain_head(framing, version);
   if (body_remaining_ > 0) body_.reserve(static_cast<std::size_t>(body_remaining_));
-  return static_cast<std::size_t>(p - bytes.data());
+  return static_cast<std::size_t>(body - bytes.data());
 }
 
-std::size_t ClientRequest::take_plain_body(std::string_view bytes) {
+void ClientRequest::forget_head() {
+  start_line_.clear();
+  forwarded_.clear();
+  withheld_.clear();
+  fields_.clear();
+}
+
+std::size_t ClientRequest::take_plain_body(std::string_view bytes, error_code& ec) {
+  ec = {};
   const auto taken =
       static_cast<std::size_t>(std::min<std::uint64_t>(bytes.size(), body_remaining_));
   body_.append(bytes.data(), taken);

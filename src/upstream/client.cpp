@@ -173,8 +173,8 @@ net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* dat
     } else {
       // Beast's read parses into the body buffer read_buffered_body set.
       connection_->tcp().expires_at(read_deadline);
-      auto [tls_ec, unused] =
-          co_await http::async_read_some(*connection_, buffered, *parser_, as_tuple(use_awaitable));
+      auto [tls_ec, unused] = co_await http::async_read_some(
+          *connection_, buffered, parser_->beast_parser(), as_tuple(use_awaitable));
       ec = tls_ec == http::error::need_buffer ? error_code{} : tls_ec;
       if (!ec) {
         if (auto produced = body_produced(*parser_, capacity)) co_return *produced;
@@ -313,7 +313,7 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
                                    conn.read_deadline());
     } else {
       auto [tls_ec, head_bytes] = co_await http::async_read_header(
-          conn, conn.read_buffer(), *exchange->parser_, as_tuple(use_awaitable));
+          conn, conn.read_buffer(), exchange->parser_->beast_parser(), as_tuple(use_awaitable));
       read_ec = tls_ec;
     }
     if (read_ec) {

@@ -43,37 +43,93 @@ void ResponseParser::on_request_impl(http::verb, boost::beast::string_view,
   ec = http::error::bad_method;  // a response parser never sees a request line
 }
 
-void ResponseParser::on_response_impl(int code, boost::beast::string_view, int, error_code&) {
-  status_ = static_cast<unsigned>(code);
+std::size_t ResponseParser::read_plain_head(std::string_view bytes) {
+  const char* p = bytes.data();
+  // A head longer than the limit is Beast's to refuse.
+  const char* const last = p + plain_head_room(bytes.size());
+  constexpr std::size_t kStatusLineStart = 13;  // "HTTP/1.1 200 "
+  if (static_cast<std::size_t>(last - p) < kStatusLineStart) return 0;
+  unsigned version = 11;
+  if (std::memcmp(p, "HTTP/1.1 ", 9) != 0) {
+    if (std::memcmp(p, "HTTP/1.0 ", 9) != 0) return 0;
+    version = 10;
+  }
+  const auto digit = [](char c) { return static_cast<unsigned>(c - '0'); };
+  if (digit(p[9]) > 9 || digit(p[10]) > 9 || digit(p[11]) > 9 || p[12] != ' ') return 0;
+  const unsigned status = digit(p[9]) * 100 + digit(p[10]) * 10 + digit(p[11]);
+  // Whether these have a body the status decides, not the fields.
+  if (status / 100 == 1 || status == 204 || status == 304) return 0;
+  p = skip_text(p + kStatusLineStart, last);
+  if (last - p < 2 || p[0] != '\r' || p[1] != '\n') return 0;
+  begin_head(status);
+
+  PlainFraming framing;
+  const char* const body =
+      scan_plain_fields(p + 2, last, [&](std::string_view name, std::string_view value) {
+        if (is_hop_by_hop_header(name)) return framing.take(name, value);
+        keep_field(name, value);
+        return true;
+      });
+  // A body without a length (chunked or to the end of the connection) is
+  // Beast's to frame.
+  if (body == nullptr || !framing.content_length || !within_body_limit(*framing.content_length)) {
+    lines_.clear();
+    content_type_at_ = content_type_size_ = 0;
+    retry_after_.reset();
+    status_ = 0;
+    return 0;
+  }
+  take_plain_head(framing, version);
+  return static_cast<std::size_t>(body - bytes.data());
+}
+
+std::size_t ResponseParser::take_plain_body(std::string_view bytes, error_code& ec) {
+  ec = {};
+  const auto length =
+      static_cast<std::size_t>(std::min<std::uint64_t>(bytes.size(), body_remaining_));
+  const std::size_t taken = fill(body_data_, body_space_, bytes.substr(0, length), ec);
+  body_remaining_ -= taken;
+  return taken;
+}
+
+void ResponseParser::begin_head(unsigned status) {
+  status_ = status;
   lines_.reserve(kTypicalLinesBytes);
+}
+
+void ResponseParser::on_response_impl(int code, boost::beast::string_view, int, error_code&) {
+  begin_head(static_cast<unsigned>(code));
 }
 
 void ResponseParser::on_field_impl(http::field name, boost::beast::string_view name_text,
                                    boost::beast::string_view value, error_code&) {
   // Beast knows every hop-by-hop name, so an unknown one is end-to-end.
   if (is_hop_by_hop_field(name)) return;
-  if (name == http::field::retry_after) {
+  keep_field({name_text.data(), name_text.size()}, {value.data(), value.size()});
+}
+
+void ResponseParser::keep_field(std::string_view name, std::string_view value) {
+  if (field_name_is(name, "retry-after")) {
     unsigned seconds = 0;
     auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds);
     if (ec == std::errc() && end == value.data() + value.size()) {
       retry_after_ = std::chrono::seconds(seconds);
     }
-  }
-  if (name == http::field::content_type) {
-    content_type_at_ = lines_.size() + name_text.size() + 2;
+  } else if (field_name_is(name, "content-type")) {
+    content_type_at_ = lines_.size() + name.size() + 2;
     content_type_size_ = value.size();
   }
   // Most lines are written "Name: value" and lie whole in the buffer: they
   // are copied as they came. Any other spacing, or a value Beast unfolded
   // into a buffer of its own, is written out piece by piece.
-  const char* const name_end = name_text.data() + name_text.size();
+  const char* const name_end = name.data() + name.size();
   const char* const value_end = value.data() + value.size();
   if (value.data() == name_end + 2 && std::memcmp(name_end, ": ", 2) == 0 &&
       std::memcmp(value_end, "\r\n", 2) == 0) {
-    lines_.append(name_text.data(), static_cast<std::size_t>(value_end + 2 - name_text.data()));
+    lines_.append(name.data(), static_cast<std::size_t>(value_end + 2 - name.data()));
     return;
   }
-  lines_.append(name_text.data(), name_text.size()).append(": ", 2);
+  lines_.append(name.data(), name.size()).append(": ", 2);
   lines_.append(value.data(), value.size()).append("\r\n", 2);
 }
 

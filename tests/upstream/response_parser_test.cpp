@@ -7,11 +7,13 @@
 #include <boost/asio/buffer.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/field.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "sluice/common/http_head.hpp"
+#include "support/altered_heads.hpp"
 #include "support/feed_parser.hpp"
 
 namespace sluice::upstream {
@@ -187,6 +189,186 @@ TEST(ResponseParser, RefusesSomethingThatIsNotAResponse) {
   error_code ec;
   feed_parser(parser, "POST /v1/chat/completions HTTP/1.1\r\n\r\n", ec);
   EXPECT_TRUE(ec);
+}
+
+TEST(ResponseParser, APlainHeadIsReadPlainlyAndItsBodyWaitsForABuffer) {
+  const std::string wire =
+      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4\r\n\r\nabcd";
+  ResponseParser parser;
+  error_code ec;
+  const std::size_t head = feed_parser(parser, wire, ec);
+  EXPECT_TRUE(parser.read_plainly());
+  EXPECT_EQ(head, wire.size() - 4);
+  EXPECT_EQ(ec, http::error::need_buffer);
+  EXPECT_EQ(parser.content_length().value_or(0), 4u);
+  EXPECT_FALSE(parser.chunked());
+  char body[8];
+  parser.set_body_buffer(body, sizeof body);
+  ec = {};
+  EXPECT_EQ(parser.put(boost::asio::buffer(wire.data() + head, 2), ec), 2u);
+  EXPECT_FALSE(parser.is_done());
+  parser.put_eof(ec);
+  EXPECT_EQ(ec, http::error::partial_message);
+
+  // Chunked and close-delimited bodies, and the statuses that decide a body
+  // themselves, are Beast's to frame.
+  for (const std::string text : {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                                 "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n",
+                                 "HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n"}) {
+    ResponseParser other;
+    feed_parser(other, text, ec);
+    EXPECT_TRUE(other.is_header_done()) << text;
+    EXPECT_FALSE(other.read_plainly()) << text;
+  }
+}
+
+// Everything observable of one reading of `text`, fed as one piece with a
+// body buffer in place, then ended (put_eof) if the message is not done.
+struct Observed {
+  error_code ec;
+  std::optional<error_code> eof_ec;
+  std::size_t used = 0;
+  bool plain = false;
+  bool header_done = false;
+  bool done = false;
+  std::optional<bool> keep_alive;
+  std::optional<std::uint64_t> content_length;
+  unsigned status = 0;
+  std::string forwarded, content_type, body;
+  std::optional<long> retry_after;
+
+  bool operator==(const Observed&) const = default;
+};
+
+Observed observe(ResponseParser::Reading reader, std::string_view text,
+                 std::uint32_t header_limit) {
+  ResponseParser parser(reader);
+  parser.header_limit(header_limit);
+  parser.body_limit(boost::none);
+  char body[256];
+  parser.set_body_buffer(body, sizeof body);
+  Observed result;
+  while (result.used < text.size() && !parser.is_done()) {
+    result.ec = {};
+    const auto taken = parser.put(
+        boost::asio::buffer(text.data() + result.used, text.size() - result.used), result.ec);
+    result.used += taken;
+    if ((result.ec && result.ec != http::error::need_buffer) || taken == 0) break;
+  }
+  if (parser.got_some() && !parser.is_done() && !result.ec) {
+    error_code eof_ec;
+    parser.put_eof(eof_ec);
+    result.eof_ec = eof_ec;
+  }
+  result.plain = parser.read_plainly();
+  result.header_done = parser.is_header_done();
+  result.done = parser.is_done();
+  if (result.header_done) {
+    result.keep_alive = parser.keep_alive();
+    if (auto length = parser.content_length()) result.content_length = *length;
+  }
+  result.status = parser.status();
+  result.forwarded = parser.forwarded_fields();
+  result.content_type = parser.content_type();
+  result.body.assign(body, sizeof body - parser.body_space_left());
+  if (auto seconds = parser.retry_after()) result.retry_after = seconds->count();
+  return result;
+}
+
+std::string describe(const Observed& r) {
+  return "ec=" + r.ec.message() + " eof=" + (r.eof_ec ? r.eof_ec->message() : "-") +
+         " used=" + std::to_string(r.used) + " header_done=" + std::to_string(r.header_done) +
+         " done=" + std::to_string(r.done) +
+         " keep_alive=" + (r.keep_alive ? std::to_string(*r.keep_alive) : "-") +
+         " length=" + (r.content_length ? std::to_string(*r.content_length) : "-") +
+         " status=" + std::to_string(r.status) + " type=" + r.content_type +
+         " retry_after=" + (r.retry_after ? std::to_string(*r.retry_after) : "-") +
+         "\nforwarded=" + r.forwarded + "body=" + r.body;
+}
+
+// Whatever the plain reader takes, it reads as Beast's parser does; what it
+// leaves, Beast's parser reads. True when the plain reader took the head.
+bool expect_read_alike(const std::string& text, std::uint32_t header_limit = 8192) {
+  const auto first = observe(ResponseParser::Reading::plain_when_possible, text, header_limit);
+  auto beast = observe(ResponseParser::Reading::beast_only, text, header_limit);
+  beast.plain = first.plain;
+  EXPECT_EQ(first, beast) << "head limit " << header_limit << ", text:\n"
+                          << text << "\n-- plain reader first: " << describe(first)
+                          << "\n-- Beast's reader: " << describe(beast);
+  return first.plain;
+}
+
+// Each head altered at every position (altered_heads), under the default
+// head limit and limits the head or its fields just meet or just exceed.
+TEST(ResponseParser, ThePlainReaderAgreesWithBeastOnAlteredHeads) {
+  const std::string bases[] = {
+      "HTTP/1.1 200 OK\r\n"
+      "Content-Type: application/json\r\n"
+      "x-request-id: r1\r\n"
+      "Retry-After: 7\r\n"
+      "Connection: keep-alive\r\n"
+      "Content-Length: 2\r\n"
+      "\r\n"
+      "{}",
+      "HTTP/1.0 429 Too Many Requests\r\n"
+      "Connection: keep-alive\r\n"
+      "Keep-Alive: timeout=5\r\n"
+      "Server:  up \t\r\n"
+      "Content-Length: 0\r\n"
+      "\r\n",
+      "HTTP/1.1 503 \r\n"
+      "content-type:text/plain\r\n"
+      "Connection: close\r\n"
+      "Content-Length: 3\r\n"
+      "\r\n"
+      "bad",
+  };
+  std::size_t compared = 0;
+  std::size_t read_plainly = 0;
+  for (const std::string& base : bases) {
+    const auto head_size = static_cast<std::uint32_t>(base.find("\r\n\r\n") + 4);
+    // Beast's parser holds the status line and the fields to the limit
+    // each, not together.
+    const auto fields_size = head_size - static_cast<std::uint32_t>(base.find("\r\n") + 2);
+    for (const std::string& text : sluice::testing::altered_heads(base)) {
+      for (std::uint32_t header_limit : {8192u, head_size, head_size - 1, fields_size - 1}) {
+        ++compared;
+        if (expect_read_alike(text, header_limit)) ++read_plainly;
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
+  }
+  // Both readers must have been exercised: a plain reader that took nothing
+  // would agree with Beast trivially.
+  EXPECT_GT(read_plainly, compared / 16) << read_plainly << " of " << compared;
+  EXPECT_LT(read_plainly, compared * 3 / 4) << read_plainly << " of " << compared;
+}
+
+// Framing, status and connection edges the alterations above do not reach.
+TEST(ResponseParser, ThePlainReaderAgreesWithBeastOnFramingEdges) {
+  for (const std::string text : {
+           "HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n",
+           "HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\n\r\n",
+           "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+           "HTTP/1.1 200 OK\r\n\r\nto the end",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+           "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
+           "HTTP/1.1 200 OK\r\nContent-Length: 18446744073709551616\r\n\r\n{}",
+           "HTTP/1.1 200 OK\r\nContent-Length: 999999999999999999\r\n\r\n{}",
+           "HTTP/1.1 200 OK\r\nProxy-Connection: close\r\nContent-Length: 2\r\n\r\n{}",
+           "HTTP/1.0 200 OK\r\nConnection: close\r\nConnection: keep-alive\r\n"
+           "Content-Length: 2\r\n\r\n{}",
+           "HTTP/1.1 200\r\nContent-Length: 2\r\n\r\n{}",
+           "HTTP/1.1 2000 OK\r\nContent-Length: 2\r\n\r\n{}",
+           "HTTP/2.0 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+           "HTTP/1.1 200 Caf\xc3\xa9\r\nContent-Length: 2\r\n\r\n{}",
+           "HTTP/1.1 200 OK\r\nRetry-After: 12abc\r\nContent-Length: 2\r\n\r\n{}",
+           "HTTP/1.1 200 OK\r\nContent-Type: a\r\ncontent-type: b\r\nContent-Length: 0\r\n\r\n",
+           "HTTP/1.1 200 OK\r\nX-A: a\r\n b\r\nContent-Length: 0\r\n\r\n",
+           "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}HTTP/1.1 200 OK\r\n",
+       }) {
+    expect_read_alike(text);
+  }
 }
 
 // The parser decides by Beast's lookup of the name, the client side by the

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "sluice/common/http_head.hpp"
+#include "sluice/common/plain_head.hpp"
 #include "sluice/common/recycling_allocator.hpp"
 
 namespace sluice::server {
@@ -21,54 +22,13 @@ namespace sluice::server {
 // The fields are kept as the lines they arrived as, in two runs: the ones
 // that travel upstream, forwarded as one piece, and the ones the gateway
 // withholds (framing, hop-by-hop, credentials, Expect, encodings). A small
-// index finds the few the stages read.
-//
-// Two readers fill it. A head that arrives whole in the first buffer and
-// keeps to the plain shape SDKs send (an upper-case method, printable ASCII,
-// HTTP/1.0 or 1.1, CRLF lines, at most one decimal Content-Length, Connection
-// close or keep-alive, no Transfer-Encoding or folded lines, within
-// the limits) is read by a scanner of its own, which skips the work Beast's
-// parser does for every field (a name lookup, the token lists of
-// Content-Length and Connection). Anything else -- a head in pieces, chunked
-// framing, any byte or field outside that shape -- goes to Beast's parser
-// (same grammar, framing, limits and keep-alive rules), so the plain reader
-// only ever accepts what Beast accepts, and reads it the same way; a test
-// compares the two on thousands of altered heads. Beast's parser is a
-// private base: its own view of the framing is not the request's when the
-// plain reader took the head.
-class ClientRequest final : private boost::beast::http::basic_parser<true> {
+// index finds the few the stages read. A plain head is read by the plain
+// reader (plain_head.hpp), with an upper-case method and a printable target;
+// any other by Beast's parser.
+class ClientRequest final : public PlainFirstParser<true, ClientRequest> {
  public:
-  enum class Reading : std::uint8_t { plain_when_possible, beast_only };
-
   explicit ClientRequest(Reading reading = Reading::plain_when_possible)
-      : route_(reading == Reading::beast_only ? Route::beast : Route::undecided) {}
-
-  // Beast's parser interface, over whichever reader took the head.
-  std::size_t put(boost::asio::const_buffer buffer, boost::beast::error_code& ec);
-  void put_eof(boost::beast::error_code& ec);
-  bool got_some() const {
-    return route_ == Route::beast ? basic_parser::got_some() : route_ == Route::plain;
-  }
-  bool is_header_done() const {
-    return route_ == Route::beast ? basic_parser::is_header_done() : route_ == Route::plain;
-  }
-  bool is_done() const {
-    return route_ == Route::beast ? basic_parser::is_done()
-                                  : route_ == Route::plain && body_remaining_ == 0;
-  }
-  bool keep_alive() const {
-    return route_ == Route::beast ? basic_parser::keep_alive() : plain_keep_alive_;
-  }
-  void header_limit(std::uint32_t bytes) {
-    header_limit_bytes_ = bytes;
-    basic_parser::header_limit(bytes);
-  }
-  void body_limit(std::uint64_t bytes) {
-    body_limit_bytes_ = bytes;
-    basic_parser::body_limit(bytes);
-  }
-  // Whether the head was read by the plain reader (tests and benchmarks).
-  bool read_plainly() const { return route_ == Route::plain; }
+      : PlainFirstParser(reading) {}
 
   boost::beast::http::verb method() const { return method_; }
   std::string_view method_string() const { return start_line().substr(0, method_size_); }
@@ -97,8 +57,6 @@ class ClientRequest final : private boost::beast::http::basic_parser<true> {
  private:
   using Text = std::basic_string<char, std::char_traits<char>, RecyclingAllocator<char>>;
 
-  enum class Route : std::uint8_t { undecided, plain, beast };
-
   struct FieldEntry {
     bool withheld;  // in withheld_, else in forwarded_
     // The header limit is a 32-bit count, so these cannot overflow.
@@ -114,11 +72,10 @@ class ClientRequest final : private boost::beast::http::basic_parser<true> {
   void begin_head(boost::beast::http::verb method, std::string_view method_text,
                   std::string_view target, unsigned version);
   void add_field(std::string_view name, std::string_view value, bool withheld);
-  // The plain reader: the head's size when it read the head from `bytes`,
-  // 0 when the head is not of the plain shape or not whole there (nothing is
-  // kept then).
+  friend PlainFirstParser;
   std::size_t read_plain_head(std::string_view bytes);
-  std::size_t take_plain_body(std::string_view bytes);
+  std::size_t take_plain_body(std::string_view bytes, boost::beast::error_code& ec);
+  void forget_head();
 
   void on_request_impl(boost::beast::http::verb method, boost::beast::string_view method_text,
                        boost::beast::string_view target, int version,
@@ -145,12 +102,6 @@ class ClientRequest final : private boost::beast::http::basic_parser<true> {
   boost::beast::http::verb method_ = boost::beast::http::verb::unknown;
   std::size_t method_size_ = 0;
   unsigned version_ = 11;
-  Route route_;
-  bool plain_keep_alive_ = false;
-  std::uint64_t body_remaining_ = 0;
-  // Beast's defaults, which its parser does not let us read back.
-  std::uint32_t header_limit_bytes_ = 8192;
-  std::uint64_t body_limit_bytes_ = std::uint64_t{1024} * 1024;
 };
 
 // Client fields that must not travel upstream: framing and hop-by-hop

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <boost/asio/buffer.hpp>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/basic_parser.hpp>
 #include <chrono>
@@ -8,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "sluice/common/plain_head.hpp"
 #include "sluice/common/recycling_allocator.hpp"
 
 namespace sluice::upstream {
@@ -21,8 +23,15 @@ namespace sluice::upstream {
 //
 // The body goes into the caller's buffer, as with Beast's buffer_body: a
 // full buffer stops the parse with need_buffer.
-class ResponseParser final : public boost::beast::http::basic_parser<false> {
+//
+// A plain head with a Content-Length is read by the plain reader
+// (plain_head.hpp); any other -- chunked, close-delimited, a status whose
+// body the status decides (1xx, 204, 304) -- by Beast's parser.
+class ResponseParser final : public PlainFirstParser<false, ResponseParser> {
  public:
+  explicit ResponseParser(Reading reading = Reading::plain_when_possible)
+      : PlainFirstParser(reading) {}
+
   unsigned status() const { return status_; }
   // "Name: value\r\n" for every field except the hop-by-hop and framing ones
   // (is_hop_by_hop_header), in the order and spelling received.
@@ -44,6 +53,13 @@ class ResponseParser final : public boost::beast::http::basic_parser<false> {
 
  private:
   using Lines = std::basic_string<char, std::char_traits<char>, RecyclingAllocator<char>>;
+
+  friend PlainFirstParser;
+  std::size_t read_plain_head(std::string_view bytes);
+  std::size_t take_plain_body(std::string_view bytes, boost::beast::error_code& ec);
+  void begin_head(unsigned status);
+  // Keeps an end-to-end field.
+  void keep_field(std::string_view name, std::string_view value);
 
   void on_request_impl(boost::beast::http::verb method, boost::beast::string_view method_text,
                        boost::beast::string_view target, int version,
