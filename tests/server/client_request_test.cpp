@@ -15,6 +15,7 @@
 
 #include "support/altered_heads.hpp"
 #include "support/feed_parser.hpp"
+#include "support/parser_observation.hpp"
 
 namespace sluice::server {
 namespace {
@@ -222,69 +223,18 @@ TEST(ClientRequest, APlainBodyArrivesWholeWhateverThePieces) {
   EXPECT_EQ(ec, http::error::partial_message);
 }
 
-// Everything observable of one reading of `text`, fed as one piece.
-struct Observed {
-  error_code ec;
-  std::size_t used = 0;
-  bool plain = false;
-  bool header_done = false;
-  bool done = false;
-  std::optional<bool> keep_alive;
-  http::verb method = http::verb::unknown;
-  std::string method_text, target, forwarded, withheld, body;
-  unsigned version = 0;
-
-  bool operator==(const Observed&) const = default;
-};
-
-Observed observe(Reading reader, std::string_view text, std::uint32_t header_limit,
-                 std::uint64_t body_limit) {
-  ClientRequest request(reader);
-  request.header_limit(header_limit);
-  request.body_limit(body_limit);
-  Observed result;
-  // Beast's parser must not be fed once the message is done.
-  while (result.used < text.size() && !request.is_done()) {
-    result.ec = {};
-    const auto taken = request.put(
-        boost::asio::buffer(text.data() + result.used, text.size() - result.used), result.ec);
-    result.used += taken;
-    if (result.ec || taken == 0) break;
-  }
-  result.plain = request.read_plainly();
-  result.header_done = request.is_header_done();
-  result.done = request.is_done();
-  if (result.header_done) result.keep_alive = request.keep_alive();
-  result.method = request.method();
-  result.method_text = request.method_string();
-  result.target = request.target();
-  result.forwarded = request.forwarded_fields();
-  result.withheld = request.withheld_fields();
-  result.body = request.body();
-  result.version = request.version();
-  return result;
-}
-
-std::string describe(const Observed& r) {
-  return "ec=" + r.ec.message() + " used=" + std::to_string(r.used) +
-         " header_done=" + std::to_string(r.header_done) + " done=" + std::to_string(r.done) +
-         " keep_alive=" + (r.keep_alive ? std::to_string(*r.keep_alive) : "-") +
-         " method=" + r.method_text + " target=" + r.target +
-         " version=" + std::to_string(r.version) + "\nforwarded=" + r.forwarded +
-         "withheld=" + r.withheld + "body=" + r.body;
-}
-
 // Whatever the plain reader takes, it reads as Beast's parser does; what it
 // leaves, Beast's parser reads. True when the plain reader took the head.
 bool expect_read_alike(const std::string& text, std::uint32_t header_limit = 8192,
                        std::uint64_t body_limit = 1024 * 1024) {
-  const auto first = observe(Reading::plain_when_possible, text, header_limit, body_limit);
-  auto beast = observe(Reading::beast_only, text, header_limit, body_limit);
+  using sluice::testing::read_request;
+  const auto first = read_request(Reading::plain_when_possible, text, header_limit, body_limit);
+  auto beast = read_request(Reading::beast_only, text, header_limit, body_limit);
   beast.plain = first.plain;
   EXPECT_EQ(first, beast) << "head limit " << header_limit << ", body limit " << body_limit
                           << ", text:\n"
-                          << text << "\n-- plain reader first: " << describe(first)
-                          << "\n-- Beast's reader: " << describe(beast);
+                          << text << "\n-- plain reader first: " << first.describe()
+                          << "\n-- Beast's reader: " << beast.describe();
   return first.plain;
 }
 

@@ -15,6 +15,7 @@
 #include "sluice/common/http_head.hpp"
 #include "support/altered_heads.hpp"
 #include "support/feed_parser.hpp"
+#include "support/parser_observation.hpp"
 
 namespace sluice::upstream {
 namespace {
@@ -222,79 +223,17 @@ TEST(ResponseParser, APlainHeadIsReadPlainlyAndItsBodyWaitsForABuffer) {
   }
 }
 
-// Everything observable of one reading of `text`, fed as one piece with a
-// body buffer in place, then ended (put_eof) if the message is not done.
-struct Observed {
-  error_code ec;
-  std::optional<error_code> eof_ec;
-  std::size_t used = 0;
-  bool plain = false;
-  bool header_done = false;
-  bool done = false;
-  std::optional<bool> keep_alive;
-  std::optional<std::uint64_t> content_length;
-  unsigned status = 0;
-  std::string forwarded, content_type, body;
-  std::optional<long> retry_after;
-
-  bool operator==(const Observed&) const = default;
-};
-
-Observed observe(ResponseParser::Reading reader, std::string_view text,
-                 std::uint32_t header_limit) {
-  ResponseParser parser(reader);
-  parser.header_limit(header_limit);
-  parser.body_limit(boost::none);
-  char body[256];
-  parser.set_body_buffer(body, sizeof body);
-  Observed result;
-  while (result.used < text.size() && !parser.is_done()) {
-    result.ec = {};
-    const auto taken = parser.put(
-        boost::asio::buffer(text.data() + result.used, text.size() - result.used), result.ec);
-    result.used += taken;
-    if ((result.ec && result.ec != http::error::need_buffer) || taken == 0) break;
-  }
-  if (parser.got_some() && !parser.is_done() && !result.ec) {
-    error_code eof_ec;
-    parser.put_eof(eof_ec);
-    result.eof_ec = eof_ec;
-  }
-  result.plain = parser.read_plainly();
-  result.header_done = parser.is_header_done();
-  result.done = parser.is_done();
-  if (result.header_done) {
-    result.keep_alive = parser.keep_alive();
-    if (auto length = parser.content_length()) result.content_length = *length;
-  }
-  result.status = parser.status();
-  result.forwarded = parser.forwarded_fields();
-  result.content_type = parser.content_type();
-  result.body.assign(body, sizeof body - parser.body_space_left());
-  if (auto seconds = parser.retry_after()) result.retry_after = seconds->count();
-  return result;
-}
-
-std::string describe(const Observed& r) {
-  return "ec=" + r.ec.message() + " eof=" + (r.eof_ec ? r.eof_ec->message() : "-") +
-         " used=" + std::to_string(r.used) + " header_done=" + std::to_string(r.header_done) +
-         " done=" + std::to_string(r.done) +
-         " keep_alive=" + (r.keep_alive ? std::to_string(*r.keep_alive) : "-") +
-         " length=" + (r.content_length ? std::to_string(*r.content_length) : "-") +
-         " status=" + std::to_string(r.status) + " type=" + r.content_type +
-         " retry_after=" + (r.retry_after ? std::to_string(*r.retry_after) : "-") +
-         "\nforwarded=" + r.forwarded + "body=" + r.body;
-}
-
 // Whatever the plain reader takes, it reads as Beast's parser does; what it
 // leaves, Beast's parser reads. True when the plain reader took the head.
 bool expect_read_alike(const std::string& text, std::uint32_t header_limit = 8192) {
-  const auto first = observe(ResponseParser::Reading::plain_when_possible, text, header_limit);
-  auto beast = observe(ResponseParser::Reading::beast_only, text, header_limit);
+  using sluice::testing::read_response;
+  const auto first =
+      read_response(ResponseParser::Reading::plain_when_possible, text, header_limit);
+  auto beast = read_response(ResponseParser::Reading::beast_only, text, header_limit);
   beast.plain = first.plain;
   EXPECT_EQ(first, beast) << "head limit " << header_limit << ", text:\n"
-                          << text << "\n-- plain reader first: " << describe(first)
-                          << "\n-- Beast's reader: " << describe(beast);
+                          << text << "\n-- plain reader first: " << first.describe()
+                          << "\n-- Beast's reader: " << beast.describe();
   return first.plain;
 }
 
