@@ -29,15 +29,20 @@ const char* skip_visible(const char* p, const char* last, signed char lowest) {
 
 bool PlainFraming::take(std::string_view name, std::string_view value) {
   switch (name.size()) {
-    case 10:
+    case 10: {
       if (!field_name_is(name, "connection")) return true;
-      close = close || iequals(value, "close");
-      keep_alive = keep_alive || iequals(value, "keep-alive");
-      return iequals(value, "close") || iequals(value, "keep-alive");
+      // A plain value holds no CR, the one byte other than '-' and a letter
+      // that field_name_is could take for either.
+      const bool says_close = field_name_is(value, "close");
+      const bool says_keep_alive = !says_close && field_name_is(value, "keep-alive");
+      close = close || says_close;
+      keep_alive = keep_alive || says_keep_alive;
+      return says_close || says_keep_alive;
+    }
     case 14: {
       if (!field_name_is(name, "content-length")) return true;
       // 18 digits cannot overflow; longer lengths are Beast's to judge.
-      if (content_length || value.empty() || value.size() > 18) return false;
+      if (content_length || chunked || value.empty() || value.size() > 18) return false;
       std::uint64_t length = 0;
       for (char c : value) {
         if (c < '0' || c > '9') return false;
@@ -49,7 +54,11 @@ bool PlainFraming::take(std::string_view name, std::string_view value) {
     case 16:
       return !field_name_is(name, "proxy-connection");
     case 17:
-      return !field_name_is(name, "transfer-encoding");
+      if (!field_name_is(name, "transfer-encoding")) return true;
+      if (!chunked_allowed || chunked || content_length) return false;
+      // "chunked" holds no CR either.
+      chunked = field_name_is(value, "chunked");
+      return chunked;
     default:
       return true;
   }

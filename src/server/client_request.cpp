@@ -114,6 +114,7 @@ std::size_t ClientRequest::take_plain_body(std::string_view bytes, error_code& e
       static_cast<std::size_t>(std::min<std::uint64_t>(bytes.size(), body_remaining_));
   body_.append(bytes.data(), taken);
   body_remaining_ -= taken;
+  if (body_remaining_ == 0) end_plain_body();
   return taken;
 }
 

@@ -64,15 +64,19 @@ std::size_t ResponseParser::read_plain_head(std::string_view bytes) {
   begin_head(status);
 
   PlainFraming framing;
+  // Beast's parser counts chunk sizes against a body limit; the plain
+  // reader follows chunks only where there is none (the gateway sets none).
+  framing.chunked_allowed = !has_body_limit();
   const char* const body =
       scan_plain_fields(p + 2, last, [&](std::string_view name, std::string_view value) {
         if (is_hop_by_hop_header(name)) return framing.take(name, value);
         keep_field(name, value);
         return true;
       });
-  // A body without a length (chunked or to the end of the connection) is
-  // Beast's to frame.
-  if (body == nullptr || !framing.content_length || !within_body_limit(*framing.content_length)) {
+  // A body that runs to the end of the connection is Beast's to frame.
+  const bool framed =
+      framing.chunked || (framing.content_length && within_body_limit(*framing.content_length));
+  if (body == nullptr || !framed) {
     lines_.clear();
     content_type_at_ = content_type_size_ = 0;
     retry_after_.reset();
@@ -85,11 +89,95 @@ std::size_t ResponseParser::read_plain_head(std::string_view bytes) {
 
 std::size_t ResponseParser::take_plain_body(std::string_view bytes, error_code& ec) {
   ec = {};
+  if (chunked()) return take_plain_chunks(bytes, ec);
   const auto length =
       static_cast<std::size_t>(std::min<std::uint64_t>(bytes.size(), body_remaining_));
   const std::size_t taken = fill(body_data_, body_space_, bytes.substr(0, length), ec);
   body_remaining_ -= taken;
+  if (body_remaining_ == 0) end_plain_body();
   return taken;
+}
+
+std::size_t ResponseParser::take_plain_chunks(std::string_view bytes, error_code& ec) {
+  std::size_t used = 0;
+  for (;;) {
+    if (body_remaining_ > 0) {
+      // Inside a chunk's data.
+      const auto length =
+          static_cast<std::size_t>(std::min<std::uint64_t>(bytes.size() - used, body_remaining_));
+      if (length == 0) return used;
+      const std::size_t taken = fill(body_data_, body_space_, bytes.substr(used, length), ec);
+      used += taken;
+      body_remaining_ -= taken;
+      if (ec || body_remaining_ > 0) return used;
+      // The CRLF after the data is read with the next chunk line, as Beast
+      // reads it.
+      chunk_data_ended_ = true;
+      if (used == bytes.size()) return used;
+    }
+    // A chunk line: the CRLF that ends the last chunk's data, a size in
+    // hexadecimal alone on its line; after a zero size, the blank line.
+    const char* p = bytes.data() + used;
+    const char* const last = bytes.data() + bytes.size();
+    if (chunk_data_ended_) {
+      // Beast's parser waits for two bytes past the CRLF before it checks.
+      if (last - p < 4) {
+        ec = http::error::need_more;
+        return used;
+      }
+      // Anything else is Beast's to refuse.
+      if (p[0] != '\r' || p[1] != '\n') return hand_over_chunks(bytes, used, ec);
+      p += 2;
+    }
+    const char* const digits = p;
+    std::uint64_t size = 0;
+    // 15 digits cannot overflow; longer sizes are Beast's to judge.
+    for (; p < last && p - digits < 16; ++p) {
+      const char c = *p;
+      const unsigned lower = static_cast<unsigned char>(c | 0x20);
+      unsigned value = 0;
+      if (c >= '0' && c <= '9') {
+        value = static_cast<unsigned>(c - '0');
+      } else if (lower >= 'a' && lower <= 'f') {
+        value = lower - 'a' + 10;
+      } else {
+        break;
+      }
+      size = size * 16 + value;
+    }
+    const std::size_t digit_count = static_cast<std::size_t>(p - digits);
+    if (p == last && digit_count < 16) {
+      ec = http::error::need_more;  // the line is not whole yet
+      return used;
+    }
+    // Extensions, trailers, a long or missing size: Beast's to read.
+    const bool plain_line = digit_count > 0 && digit_count < 16 && *p == '\r';
+    if (plain_line && last - p < 2) {
+      ec = http::error::need_more;
+      return used;
+    }
+    if (!plain_line || p[1] != '\n') return hand_over_chunks(bytes, used, ec);
+    p += 2;
+    if (size > 0) {
+      used = static_cast<std::size_t>(p - bytes.data());
+      body_remaining_ = size;
+      chunk_data_ended_ = false;
+      continue;
+    }
+    // The last chunk, and no trailer: the blank line ends the body.
+    if (last - p < 2) {
+      ec = http::error::need_more;
+      return used;
+    }
+    if (p[0] != '\r' || p[1] != '\n') return hand_over_chunks(bytes, used, ec);
+    end_plain_body();
+    return static_cast<std::size_t>(p + 2 - bytes.data());
+  }
+}
+
+std::size_t ResponseParser::hand_over_chunks(std::string_view bytes, std::size_t used,
+                                             error_code& ec) {
+  return used + hand_chunks_to_beast(chunk_data_ended_, bytes.substr(used), ec);
 }
 
 void ResponseParser::begin_head(unsigned status) {
@@ -98,6 +186,7 @@ void ResponseParser::begin_head(unsigned status) {
 }
 
 void ResponseParser::on_response_impl(int code, boost::beast::string_view, int, error_code&) {
+  if (priming()) return;  // the head is the plain reader's
   begin_head(static_cast<unsigned>(code));
 }
 
@@ -145,6 +234,7 @@ void ResponseParser::on_chunk_header_impl(std::uint64_t, boost::beast::string_vi
 
 std::size_t ResponseParser::on_chunk_body_impl(std::uint64_t, boost::beast::string_view body,
                                                error_code& ec) {
+  if (priming()) return body.size();  // not the upstream's
   return fill(body_data_, body_space_, {body.data(), body.size()}, ec);
 }
 

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "sluice/common/http_head.hpp"
@@ -192,6 +193,59 @@ TEST(ResponseParser, RefusesSomethingThatIsNotAResponse) {
   EXPECT_TRUE(ec);
 }
 
+// Plain chunks are followed by the plain reader whatever pieces they arrive
+// in; at a chunk line of another shape Beast's parser takes over, the head
+// still the plain reader's. Either way the body is the one Beast reads.
+TEST(ResponseParser, ChunksArriveWholeInAnyPiecesAndOtherChunkLinesGoToBeast) {
+  const std::string head =
+      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n";
+  const std::pair<std::string, std::string> cases[] = {
+      {"7\r\ndata: a\r\n11\r\ndata: {\"b\":12345}\r\n0\r\n\r\n", "data: adata: {\"b\":12345}"},
+      {"7\r\ndata: a\r\n3 ; x=\"y\"\r\ncde\r\n0\r\nX-Sum: 9\r\n\r\n", "data: acde"},
+  };
+  for (const auto& [chunks, body] : cases) {
+    for (std::size_t piece : {std::size_t{1}, std::size_t{2}, std::size_t{5}, chunks.size()}) {
+      SCOPED_TRACE(chunks + " in pieces of " + std::to_string(piece));
+      ResponseParser parser;
+      parser.body_limit(boost::none);  // as the gateway reads upstream bodies
+      error_code ec;
+      EXPECT_EQ(feed_parser(parser, head, ec), head.size());
+      ASSERT_TRUE(parser.read_plainly());
+      EXPECT_TRUE(parser.chunked());
+      EXPECT_FALSE(parser.keep_alive());
+      std::string received;
+      char buffer[8];
+      std::string pending;
+      for (std::size_t at = 0; at < chunks.size(); at += piece) {
+        pending += chunks.substr(at, piece);
+        for (int round = 0; round < 100 && !pending.empty() && !parser.is_done(); ++round) {
+          parser.set_body_buffer(buffer, sizeof buffer);
+          ec = {};
+          const auto taken = parser.put(boost::asio::buffer(pending), ec);
+          received.append(buffer, sizeof buffer - parser.body_space_left());
+          pending.erase(0, taken);
+          if (ec == http::error::need_more) break;
+          ASSERT_TRUE(!ec || ec == http::error::need_buffer) << ec.message();
+        }
+      }
+      EXPECT_TRUE(parser.is_done());
+      EXPECT_EQ(pending, "");
+      EXPECT_EQ(received, body);
+      EXPECT_TRUE(parser.read_plainly());
+      EXPECT_FALSE(parser.keep_alive());  // the head's Connection: close, not Beast's view
+    }
+  }
+  // A chunk's data must end with CRLF.
+  ResponseParser parser;
+  parser.body_limit(boost::none);
+  error_code ec;
+  char buffer[16];
+  parser.set_body_buffer(buffer, sizeof buffer);
+  feed_parser(parser, head + "2\r\nabXY3\r\n", ec);
+  EXPECT_EQ(ec, http::error::bad_chunk);
+}
+
 TEST(ResponseParser, APlainHeadIsReadPlainlyAndItsBodyWaitsForABuffer) {
   const std::string wire =
       "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4\r\n\r\nabcd";
@@ -211,8 +265,8 @@ TEST(ResponseParser, APlainHeadIsReadPlainlyAndItsBodyWaitsForABuffer) {
   parser.put_eof(ec);
   EXPECT_EQ(ec, http::error::partial_message);
 
-  // Chunked and close-delimited bodies, and the statuses that decide a body
-  // themselves, are Beast's to frame.
+  // A chunked body under a body limit (Beast's default here), close-delimited
+  // bodies and the statuses that decide a body themselves are Beast's to frame.
   for (const std::string text : {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
                                  "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n",
                                  "HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n"}) {
@@ -261,6 +315,19 @@ TEST(ResponseParser, ThePlainReaderAgreesWithBeastOnAlteredHeads) {
       "Content-Length: 3\r\n"
       "\r\n"
       "bad",
+      "HTTP/1.1 200 OK\r\n"
+      "Content-Type: text/event-stream\r\n"
+      "Transfer-Encoding: chunked\r\n"
+      "\r\n"
+      "7\r\ndata: a\r\n"
+      "0A\r\ndata: bc\n\n\r\n"
+      "0\r\n\r\n",
+      "HTTP/1.1 200 OK\r\n"
+      "Transfer-Encoding: chunked\r\n"
+      "\r\n"
+      "2\r\nab\r\n"
+      "3;x=y\r\ncde\r\n"
+      "0\r\nX-Sum: 1\r\n\r\n",
   };
   std::size_t compared = 0;
   std::size_t read_plainly = 0;
@@ -305,6 +372,28 @@ TEST(ResponseParser, ThePlainReaderAgreesWithBeastOnFramingEdges) {
            "HTTP/1.1 200 OK\r\nContent-Type: a\r\ncontent-type: b\r\nContent-Length: 0\r\n\r\n",
            "HTTP/1.1 200 OK\r\nX-A: a\r\n b\r\nContent-Length: 0\r\n\r\n",
            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}HTTP/1.1 200 OK\r\n",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: "
+           "chunked\r\n\r\n0000000000000002\r\n{}\r\n0\r\n\r\n",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: "
+           "chunked\r\n\r\n000000000000002\r\n{}\r\n00\r\n\r\n",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: "
+           "chunked\r\n\r\nFFFFFFFFFFFFFFFFF\r\n{}\r\n0\r\n\r\n",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nA\r\n0123456789\r\n0\r\n\r\n",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n1\r\na\r\n0\r\n\r\n",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n{}",
+           "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXY0\r\n\r\n",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXY",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXYZ",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0;last\r\n\r\n",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n1\r\r\n",
+           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\r\n",
        }) {
     expect_read_alike(text);
   }

@@ -14,13 +14,12 @@
 namespace sluice {
 
 // HTTP/1.x heads in the plain shape clients and upstreams send -- printable
-// ASCII, CRLF lines, one decimal Content-Length, Connection close or
-// keep-alive, no Transfer-Encoding or folded lines -- are read by a scanner
-// of our own, which skips the work Beast's parser does for every field (a
-// lookup in its field table, the token lists of Content-Length and
-// Connection). Every head outside that shape, or not whole in the first
-// buffer, goes to Beast's parser, so the plain reader only ever takes what
-// Beast takes, and reads it the same way (tests compare the two on thousands
+// ASCII, CRLF lines, one decimal Content-Length (or, for responses, a lone
+// chunked Transfer-Encoding), Connection close or keep-alive, no folded
+// lines -- are read by a scanner of our own, which skips the work Beast's parser does for every
+// field (a lookup in its field table, the token lists of Content-Length and Connection). Every head
+// outside that shape, or not whole in the first buffer, goes to Beast's parser, so the plain reader
+// only ever takes what Beast takes, and reads it the same way (tests compare the two on thousands
 // of altered heads).
 
 // RFC 9110's tchar, the bytes of a field name, as Beast's parser has them.
@@ -38,13 +37,19 @@ const char* skip_visible(const char* p, const char* last, signed char lowest);
 
 // What the framing fields of a plain head say.
 struct PlainFraming {
+  // Whether the reader follows a chunked body itself (responses, when no
+  // body limit applies); a request's chunked body is Beast's to frame.
+  bool chunked_allowed = false;
   std::optional<std::uint64_t> content_length;
+  bool chunked = false;
   bool close = false;
   bool keep_alive = false;
 
   // Takes one hop-by-hop field; false for one the plain reader leaves to
   // Beast: a second or non-decimal Content-Length, any other Connection
-  // value (an upgrade among them), Transfer-Encoding, Proxy-Connection.
+  // value (an upgrade among them), a Transfer-Encoding other than a lone
+  // "chunked" where that is allowed, or with a Content-Length,
+  // Proxy-Connection.
   bool take(std::string_view name, std::string_view value);
   // Beast's keep-alive rule: HTTP/1.1 unless "close", HTTP/1.0 only with
   // "keep-alive".
@@ -122,20 +127,28 @@ class PlainFirstParser : protected boost::beast::http::basic_parser<isRequest> {
         route_ = Route::beast;
         break;
       case Route::beast:
+      case Route::beast_body:
         break;
     }
     return Beast::put(buffer, ec);
   }
 
   bool got_some() const {
-    return route_ == Route::beast ? Beast::got_some() : route_ == Route::plain;
+    return route_ == Route::beast ? Beast::got_some() : route_ != Route::undecided;
   }
   bool is_header_done() const {
-    return route_ == Route::beast ? Beast::is_header_done() : route_ == Route::plain;
+    return route_ == Route::beast ? Beast::is_header_done() : route_ != Route::undecided;
   }
   bool is_done() const {
-    return route_ == Route::beast ? Beast::is_done()
-                                  : route_ == Route::plain && body_remaining_ == 0;
+    switch (route_) {
+      case Route::plain:
+        return plain_body_ended_;
+      case Route::beast:
+      case Route::beast_body:
+        return Beast::is_done();
+      default:
+        return false;
+    }
   }
   bool keep_alive() const {
     return route_ == Route::beast ? Beast::keep_alive() : plain_keep_alive_;
@@ -145,9 +158,9 @@ class PlainFirstParser : protected boost::beast::http::basic_parser<isRequest> {
     return plain_content_length_ ? boost::optional<std::uint64_t>(*plain_content_length_)
                                  : boost::none;
   }
-  bool chunked() const { return route_ == Route::beast && Beast::chunked(); }
+  bool chunked() const { return route_ == Route::beast ? Beast::chunked() : plain_chunked_; }
   void put_eof(boost::beast::error_code& ec) {
-    if (route_ == Route::beast) return Beast::put_eof(ec);
+    if (route_ == Route::beast || route_ == Route::beast_body) return Beast::put_eof(ec);
     ec = is_done() ? boost::beast::error_code{}
                    : boost::beast::error_code{boost::beast::http::error::partial_message};
   }
@@ -160,7 +173,7 @@ class PlainFirstParser : protected boost::beast::http::basic_parser<isRequest> {
     Beast::body_limit(bytes);
   }
   // Whether the head was read by the plain reader (tests and benchmarks).
-  bool read_plainly() const { return route_ == Route::plain; }
+  bool read_plainly() const { return route_ == Route::plain || route_ == Route::beast_body; }
   // Beast's parser itself, for Beast's own reads (TLS streams): the plain
   // reader is out of the way from here on.
   Beast& beast_parser() {
@@ -169,7 +182,9 @@ class PlainFirstParser : protected boost::beast::http::basic_parser<isRequest> {
   }
 
  protected:
-  enum class Route : std::uint8_t { undecided, plain, beast };
+  // beast_body: the plain reader took the head, Beast's parser frames the
+  // rest of a chunked body (hand_chunks_to_beast).
+  enum class Route : std::uint8_t { undecided, plain, beast, beast_body };
 
   explicit PlainFirstParser(Reading reading)
       : route_(reading == Reading::beast_only ? Route::beast : Route::undecided) {}
@@ -178,21 +193,55 @@ class PlainFirstParser : protected boost::beast::http::basic_parser<isRequest> {
     route_ = Route::plain;
     plain_keep_alive_ = framing.keeps_alive(version);
     plain_content_length_ = framing.content_length;
+    plain_chunked_ = framing.chunked;
     body_remaining_ = framing.content_length.value_or(0);
+    plain_body_ended_ = !framing.chunked && body_remaining_ == 0;
   }
+  void end_plain_body() { plain_body_ended_ = true; }
+
+  // Hands a chunked body to Beast's parser at the start of a chunk line the
+  // plain reader does not follow (with `after_data`, at the CRLF that ends
+  // the last chunk's data). Beast's parser is brought to the same point by a
+  // head and, after data, a chunk of its own -- while `priming()`, the
+  // derived parser keeps nothing of them -- then reads `rest`.
+  std::size_t hand_chunks_to_beast(bool after_data, std::string_view rest,
+                                   boost::beast::error_code& ec) {
+    static constexpr std::string_view kChunkedHeadAndChunk =
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nX";
+    const std::size_t priming_size = kChunkedHeadAndChunk.size() - (after_data ? 0 : 4);
+    priming_ = true;
+    for (std::size_t primed = 0; primed < priming_size;) {
+      const std::size_t taken = Beast::put(
+          boost::asio::const_buffer(kChunkedHeadAndChunk.data() + primed, priming_size - primed),
+          ec);
+      if (ec || taken == 0) break;
+      primed += taken;
+    }
+    priming_ = false;
+    route_ = Route::beast_body;
+    if (ec) return 0;
+    return Beast::put(boost::asio::const_buffer(rest.data(), rest.size()), ec);
+  }
+  bool priming() const { return priming_; }
+
   // A plain head up to this size is one Beast's parser would take.
   std::size_t plain_head_room(std::size_t available) const {
     return available < header_limit_bytes_ ? available : header_limit_bytes_;
   }
+  bool has_body_limit() const { return body_limit_bytes_.has_value(); }
   bool within_body_limit(std::uint64_t length) const {
     return !body_limit_bytes_ || length <= *body_limit_bytes_;
   }
 
+  // What is left of the body, or of the current chunk.
   std::uint64_t body_remaining_ = 0;
 
  private:
   Route route_;
   bool plain_keep_alive_ = false;
+  bool plain_chunked_ = false;
+  bool plain_body_ended_ = false;
+  bool priming_ = false;
   std::optional<std::uint64_t> plain_content_length_;
   // Beast's defaults, which its parser does not let us read back.
   std::uint32_t header_limit_bytes_ = 8192;

@@ -24,9 +24,11 @@ namespace sluice::upstream {
 // The body goes into the caller's buffer, as with Beast's buffer_body: a
 // full buffer stops the parse with need_buffer.
 //
-// A plain head with a Content-Length is read by the plain reader
-// (plain_head.hpp); any other -- chunked, close-delimited, a status whose
-// body the status decides (1xx, 204, 304) -- by Beast's parser.
+// A plain head with a Content-Length or a chunked body is read by the plain
+// reader (plain_head.hpp), and so are chunks of the plain shape (a size alone
+// on its line, no trailers); at any other chunk line the rest of the body goes
+// to Beast's parser. Any other head -- close-delimited, a status whose body
+// the status decides (1xx, 204, 304) -- is Beast's parser's.
 class ResponseParser final : public PlainFirstParser<false, ResponseParser> {
  public:
   explicit ResponseParser(Reading reading = Reading::plain_when_possible)
@@ -57,6 +59,9 @@ class ResponseParser final : public PlainFirstParser<false, ResponseParser> {
   friend PlainFirstParser;
   std::size_t read_plain_head(std::string_view bytes);
   std::size_t take_plain_body(std::string_view bytes, boost::beast::error_code& ec);
+  std::size_t take_plain_chunks(std::string_view bytes, boost::beast::error_code& ec);
+  std::size_t hand_over_chunks(std::string_view bytes, std::size_t used,
+                               boost::beast::error_code& ec);
   void begin_head(unsigned status);
   // Keeps an end-to-end field.
   void keep_field(std::string_view name, std::string_view value);
@@ -85,6 +90,8 @@ class ResponseParser final : public PlainFirstParser<false, ResponseParser> {
   char* body_data_ = nullptr;
   std::size_t body_space_ = 0;
   unsigned status_ = 0;
+  // Past a chunk's data, before the CRLF that ends it.
+  bool chunk_data_ended_ = false;
 };
 
 }  // namespace sluice::upstream
