@@ -25,6 +25,8 @@
 #include <string_view>
 #include <thread>
 
+#include "sluice/common/hex.hpp"
+
 namespace sluice::config {
 namespace {
 
@@ -570,13 +572,6 @@ constexpr std::string_view kNoKeysMessage =
 // Shortest plaintext key accepted: anything shorter can be guessed by
 // simply trying, whatever the rate limits.
 constexpr std::size_t kMinKeyLength = 8;
-
-int hex_digit_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 void Loader::read_auth(const Located& at, Auth& auth) {
   MappingReader map(at, {"disabled", "keys"});

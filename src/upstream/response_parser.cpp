@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cstring>
 
+#include "sluice/common/hex.hpp"
 #include "sluice/common/http_head.hpp"
 
 namespace sluice::upstream {
@@ -133,17 +134,9 @@ std::size_t ResponseParser::take_plain_chunks(std::string_view bytes, error_code
     std::uint64_t size = 0;
     // 15 digits cannot overflow; longer sizes are Beast's to judge.
     for (; p < last && p - digits < 16; ++p) {
-      const char c = *p;
-      const unsigned lower = static_cast<unsigned char>(c | 0x20);
-      unsigned value = 0;
-      if (c >= '0' && c <= '9') {
-        value = static_cast<unsigned>(c - '0');
-      } else if (lower >= 'a' && lower <= 'f') {
-        value = lower - 'a' + 10;
-      } else {
-        break;
-      }
-      size = size * 16 + value;
+      const int value = hex_digit_value(*p);
+      if (value < 0) break;
+      size = size * 16 + static_cast<std::uint64_t>(value);
     }
     const std::size_t digit_count = static_cast<std::size_t>(p - digits);
     if (p == last && digit_count < 16) {

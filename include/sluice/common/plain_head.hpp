@@ -16,11 +16,12 @@ namespace sluice {
 // HTTP/1.x heads in the plain shape clients and upstreams send -- printable
 // ASCII, CRLF lines, one decimal Content-Length (or, for responses, a lone
 // chunked Transfer-Encoding), Connection close or keep-alive, no folded
-// lines -- are read by a scanner of our own, which skips the work Beast's parser does for every
-// field (a lookup in its field table, the token lists of Content-Length and Connection). Every head
-// outside that shape, or not whole in the first buffer, goes to Beast's parser, so the plain reader
-// only ever takes what Beast takes, and reads it the same way (tests compare the two on thousands
-// of altered heads).
+// lines -- are read by a scanner of our own, which skips the work Beast's
+// parser does for every field (a lookup in its field table, the token lists
+// of Content-Length and Connection). Every head outside that shape, or not
+// whole in the first buffer, goes to Beast's parser, so the plain reader
+// only ever takes what Beast takes, and reads it the same way (tests compare
+// the two on thousands of altered heads).
 
 // RFC 9110's tchar, the bytes of a field name, as Beast's parser has them.
 inline constexpr std::array<bool, 256> kTokenBytes = [] {

@@ -1,6 +1,5 @@
 #pragma once
 
-#include <boost/asio/buffer.hpp>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/basic_parser.hpp>
 #include <boost/beast/http/field.hpp>
