@@ -101,6 +101,10 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
   socket.set_option(net::ip::tcp::no_delay(true), ignored);
   // Writes are tried directly before they are awaited (write_eagerly).
   socket.non_blocking(true, ignored);
+  // Its reads tell when they emptied it, so the next read (most often the
+  // watch's, started before the client could send more) waits for readiness
+  // without trying first.
+  enable_drain_tracking(socket);
   beast::tcp_stream client(std::move(socket));
   beast::flat_buffer buffer;
   // The read buffer is small to start with: a held stream's events are

@@ -2,6 +2,8 @@
 
 #include <boost/beast/core/read_size.hpp>
 
+#include "sluice/common/drain_aware_read.hpp"
+
 namespace sluice::stream {
 
 namespace net = boost::asio;
@@ -66,7 +68,7 @@ void ClientWatch::begin_read(void* state_pointer) {
   const std::size_t size = boost::beast::read_size(state.buffer, 65536);
   if (size == 0) return;  // a full buffer: the next request is in it already
   state.reading = true;
-  state.socket.async_read_some(state.buffer.prepare(size), OnRead(state.shared_from_this()));
+  drain_aware_read_some(state.socket, state.buffer.prepare(size), OnRead(state.shared_from_this()));
 }
 
 void ClientWatch::stop() {

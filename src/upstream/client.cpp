@@ -12,6 +12,7 @@
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/http/read.hpp>
 
+#include "sluice/common/drain_aware_read.hpp"
 #include "sluice/common/eager_write.hpp"
 #include "sluice/common/http_head.hpp"
 #include "sluice/common/http_read.hpp"
@@ -165,8 +166,8 @@ net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* dat
       if (room == 0) {
         ec = http::error::buffer_overflow;
       } else {
-        auto [read_ec, n] =
-            co_await socket->async_read_some(buffered.prepare(room), as_tuple(use_awaitable));
+        auto [read_ec, n] = co_await drain_aware_read_some(*socket, buffered.prepare(room),
+                                                           as_tuple(use_awaitable));
         ec = settle_read(read_ec, n, buffered, *parser_, connection_->read_deadline());
         if (!ec) continue;  // parsed at the top of the loop
       }
@@ -289,6 +290,10 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
     const auto head_deadline = std::min(Clock::now() + limits.ttft, limits.deadline);
     conn.tcp().expires_at(head_deadline);
     auto sent = write_now(conn.plain_socket(), wire);
+    // Sent whole without a wait: the answer can only come after it, and the
+    // head read below may wait for it without trying first.
+    const auto first_read =
+        sent.finished && !sent.ec ? ReadStart::awaiting_reply : ReadStart::try_at_once;
     if (!sent.finished) sent = co_await write_rest(conn, wire, sent);
     const error_code write_ec = sent.ec;
     timing.sent = Clock::now();
@@ -310,7 +315,7 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
     if (auto* socket = conn.plain_socket()) {
       conn.read_deadline().expires_at(head_deadline);
       read_ec = co_await read_http(*socket, conn.read_buffer(), *exchange->parser_, false,
-                                   conn.read_deadline());
+                                   conn.read_deadline(), first_read);
     } else {
       auto [tls_ec, head_bytes] = co_await http::async_read_header(
           conn, conn.read_buffer(), exchange->parser_->beast_parser(), as_tuple(use_awaitable));

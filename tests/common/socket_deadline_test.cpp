@@ -20,6 +20,7 @@
 #include <optional>
 
 #include "sluice/common/http_read.hpp"
+#include "support/socket_pair.hpp"
 
 namespace sluice::testing {
 namespace {
@@ -29,42 +30,6 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using namespace std::chrono_literals;
 using net::ip::tcp;
-
-// A connected pair of sockets on 127.0.0.1.
-struct SocketPair {
-  net::io_context context;
-  tcp::socket ours{context};
-  tcp::socket theirs{context};
-
-  SocketPair() {
-    tcp::acceptor acceptor(context, {net::ip::make_address("127.0.0.1"), 0});
-    ours.connect(acceptor.local_endpoint());
-    theirs = acceptor.accept();
-  }
-
-  // Sends `bytes` from their side after `delay`.
-  void write_after(std::chrono::milliseconds delay, std::string bytes) {
-    auto timer = std::make_shared<net::steady_timer>(context, delay);
-    timer->async_wait([this, timer, bytes = std::move(bytes)](error_code) {
-      net::write(theirs, net::buffer(bytes));
-    });
-  }
-
-  // Runs `task` to completion, or fails after `limit`.
-  void run(net::awaitable<void> task, std::chrono::milliseconds limit = 5s) {
-    bool done = false;
-    net::co_spawn(
-        context,
-        [&]() -> net::awaitable<void> {
-          co_await std::move(task);
-          done = true;
-          context.stop();  // timers still armed are not waited for
-        },
-        net::detached);
-    context.run_for(limit);
-    ASSERT_TRUE(done) << "did not finish within " << limit.count() << " ms";
-  }
-};
 
 net::awaitable<error_code> read_one(tcp::socket& socket, SocketDeadline& deadline) {
   char byte;

@@ -8,7 +8,9 @@
 #include <boost/beast/core/read_size.hpp>
 #include <boost/beast/http/error.hpp>
 #include <optional>
+#include <utility>
 
+#include "sluice/common/drain_aware_read.hpp"
 #include "sluice/common/errors.hpp"
 #include "sluice/common/socket_deadline.hpp"
 
@@ -66,18 +68,22 @@ std::optional<error_code> parse_buffered(boost::beast::flat_buffer& buffer, Pars
 }
 
 // Reads until the parser has the head, or with `whole` the whole message.
+// `first_read` says how the first read from the socket starts
+// (drain_aware_read.hpp); later ones always try at once.
 template <class Parser>
 boost::asio::awaitable<error_code> read_http(boost::asio::ip::tcp::socket& socket,
                                              boost::beast::flat_buffer& buffer, Parser& parser,
-                                             bool whole, const SocketDeadline& deadline) {
+                                             bool whole, const SocketDeadline& deadline,
+                                             ReadStart first_read = ReadStart::try_at_once) {
   for (;;) {
     if (auto settled = parse_buffered(buffer, parser, whole)) co_return *settled;
     // The socket's read is awaited here, not through a coroutine of its
     // own: that would be one frame more per read.
     const std::size_t size = read_room(buffer);
     if (size == 0) co_return boost::beast::http::error::buffer_overflow;
-    auto [read_ec, n] = co_await socket.async_read_some(
-        buffer.prepare(size), boost::asio::as_tuple(boost::asio::use_awaitable));
+    auto [read_ec, n] = co_await drain_aware_read_some(
+        socket, buffer.prepare(size), boost::asio::as_tuple(boost::asio::use_awaitable),
+        std::exchange(first_read, ReadStart::try_at_once));
     if (auto ec = settle_read(read_ec, n, buffer, parser, deadline)) co_return ec;
   }
 }
