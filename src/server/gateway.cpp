@@ -1,6 +1,9 @@
 #include "sluice/server/gateway.hpp"
 
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -9,8 +12,11 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <cerrno>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <utility>
 
 #include "sluice/common/json_scan.hpp"
 #include "sluice/server/admin.hpp"
@@ -190,46 +196,94 @@ void Gateway::apply(config::ConfigPtr config) {
 
 namespace {
 
-void admit(Gateway& gateway, Worker& worker, tcp::socket socket) {
-  auto limit = gateway.snapshot()->config->server.max_connections;
-  if (gateway.open_connections().load(std::memory_order_relaxed) >= limit) {
-    net::co_spawn(worker.context(), refuse_connection(std::move(socket)), net::detached);
-    return;
+// A connection the listener took, not yet a socket. Its worker makes it one
+// on its own thread: worker contexts do not lock their sockets' reactor
+// state (see Worker::context_), so not even the registration of a new socket
+// may come from another thread.
+class AcceptedDescriptor {
+ public:
+  explicit AcceptedDescriptor(int descriptor) : descriptor_(descriptor) {}
+  AcceptedDescriptor(AcceptedDescriptor&& other) noexcept
+      : descriptor_(std::exchange(other.descriptor_, -1)) {}
+  AcceptedDescriptor& operator=(AcceptedDescriptor&&) = delete;
+  AcceptedDescriptor(const AcceptedDescriptor&) = delete;
+  AcceptedDescriptor& operator=(const AcceptedDescriptor&) = delete;
+  // Closed unless a socket took it (a worker that stopped first, say).
+  ~AcceptedDescriptor() {
+    if (descriptor_ >= 0) ::close(descriptor_);
   }
-  gateway.open_connections().fetch_add(1, std::memory_order_relaxed);
-  net::co_spawn(worker.context(), serve_connection(worker, std::move(socket)), net::detached);
+
+  // On the worker's thread: the socket that owns the connection from now.
+  std::optional<tcp::socket> into_socket(net::io_context& context, const tcp& protocol) {
+    tcp::socket socket(context);
+    error_code ec;
+    socket.assign(protocol, descriptor_, ec);
+    if (ec) {
+      spdlog::warn("could not take an accepted connection: {}", ec.message());
+      return std::nullopt;
+    }
+    descriptor_ = -1;
+    return socket;
+  }
+
+ private:
+  int descriptor_;
+};
+
+void admit(Gateway& gateway, Worker& worker, AcceptedDescriptor accepted, tcp protocol) {
+  auto limit = gateway.snapshot()->config->server.max_connections;
+  const bool refused = gateway.open_connections().load(std::memory_order_relaxed) >= limit;
+  if (!refused) gateway.open_connections().fetch_add(1, std::memory_order_relaxed);
+  net::post(worker.context(), [&gateway, &worker, refused, protocol,
+                               accepted = std::move(accepted)]() mutable {
+    auto socket = accepted.into_socket(worker.context(), protocol);
+    if (!socket) {
+      if (!refused) gateway.open_connections().fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
+    if (refused) {
+      net::co_spawn(worker.context(), refuse_connection(std::move(*socket)), net::detached);
+    } else {
+      net::co_spawn(worker.context(), serve_connection(worker, std::move(*socket)), net::detached);
+    }
+  });
 }
 
 // Connections that arrive together are taken without waiting for each: at
-// most this many more per wake-up, so the other connections of the
-// accepting worker are not starved during a burst.
+// most this many per wake-up, so the other connections of the accepting
+// worker are not starved during a burst.
 constexpr int kAcceptsPerWakeup = 64;
 
 net::awaitable<void> accept_connections(Gateway& gateway, tcp::acceptor& acceptor) {
   auto& workers = gateway.workers();
+  const tcp protocol = acceptor.local_endpoint().protocol();
   std::size_t next = 0;
   for (;;) {
-    auto& worker = *workers[next++ % workers.size()];
-    auto [ec, socket] = co_await acceptor.async_accept(worker.context(), as_tuple(use_awaitable));
+    auto [ec] = co_await acceptor.async_wait(tcp::acceptor::wait_read, as_tuple(use_awaitable));
     if (ec == net::error::operation_aborted || !acceptor.is_open() || gateway.draining()) co_return;
-    if (ec) {
-      // Out of descriptors or a connection reset while queued: pause briefly
-      // rather than spin, then keep accepting.
-      spdlog::warn("accept failed: {}", ec.message());
+    if (ec) spdlog::warn("waiting for connections failed: {}", ec.message());
+    bool failed = static_cast<bool>(ec);
+    for (int taken = 0; !failed && taken < kAcceptsPerWakeup;) {
+      const int descriptor =
+          ::accept4(acceptor.native_handle(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (descriptor >= 0) {
+        admit(gateway, *workers[next++ % workers.size()], AcceptedDescriptor(descriptor), protocol);
+        ++taken;
+        continue;
+      }
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      // A connection reset while it was queued: take the next one.
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      // Out of descriptors, say: pause briefly rather than spin, then keep
+      // accepting.
+      spdlog::warn("accept failed: {}",
+                   error_code(errno, boost::system::system_category()).message());
+      failed = true;
+      break;
+    }
+    if (failed) {
       net::steady_timer pause(acceptor.get_executor(), std::chrono::milliseconds(10));
       co_await pause.async_wait(as_tuple(use_awaitable));
-      continue;
-    }
-    admit(gateway, worker, std::move(socket));
-    // The acceptor is non-blocking: an accept with nothing queued fails at
-    // once, and any failure is left to the awaited accept above.
-    for (int more = 0; more < kAcceptsPerWakeup; ++more) {
-      auto& next_worker = *workers[next % workers.size()];
-      error_code accept_ec;
-      auto accepted = acceptor.accept(next_worker.context(), accept_ec);
-      if (accept_ec) break;
-      ++next;
-      admit(gateway, next_worker, std::move(accepted));
     }
   }
 }

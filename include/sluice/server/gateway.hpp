@@ -109,7 +109,10 @@ class Worker {
   // back to it.
   upstream::Pool pool_;
   upstream::Client client_;
-  boost::asio::io_context context_{1};
+  // One thread runs it and only that thread touches its sockets and timers
+  // (new connections are handed over as descriptors), so the reactor's
+  // per-socket locks are switched off; posting from other threads stays safe.
+  boost::asio::io_context context_{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
   Xorshift64Star random_;  // per worker: no shared state on the request path
   std::thread thread_;
 };
