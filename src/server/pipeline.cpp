@@ -586,9 +586,10 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ProxyInputs& in
     context.usage_tokens = outcome.usage->total_tokens;
   }
   watch.unwatch(&winner.abort_handle);
+  const auto finished_at = Clock::now();
   plan.finish(winner.attempt, outcome.complete,
-              std::chrono::duration_cast<router::Micros>(Clock::now() - winner.started_at),
-              Clock::now());
+              std::chrono::duration_cast<router::Micros>(finished_at - winner.started_at),
+              finished_at);
   if (outcome.nothing_sent && outcome.upstream_error && !watch.client_gone()) {
     co_return co_await respond_broken_upstream(context, deployment, *outcome.upstream_error);
   }
@@ -668,9 +669,10 @@ net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& cont
     plan.report(*attempt, {router::ResultKind::success, false, ttft, std::nullopt}, Clock::now());
     bool complete =
         co_await read_body_into(exchange, context.relay_buffers.read, kMaxInternalBody, body);
+    const auto finished_at = Clock::now();
     plan.finish(*attempt, complete,
-                std::chrono::duration_cast<router::Micros>(Clock::now() - task.started_at),
-                Clock::now());
+                std::chrono::duration_cast<router::Micros>(finished_at - task.started_at),
+                finished_at);
     if (complete) co_return body;
     failure = "deployment " + deployment.id + ": the response broke off or was too large";
     if (!plan.can_retry()) break;

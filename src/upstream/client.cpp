@@ -275,7 +275,8 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
     auto connection = round == 0 ? deps_.pool.take(origin.key(), timing.started) : nullptr;
     timing.reused = connection != nullptr;
     if (connection) {
-      timing.connected = timing.secured = Clock::now();
+      // Taking a pooled connection costs nothing worth a clock read.
+      timing.connected = timing.secured = timing.started;
     } else {
       auto opened = co_await connect(origin, limits, abort_handle, timing);
       if (!opened) co_return opened.error();
@@ -287,7 +288,8 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
     exchange->failed_ = false;
 
     auto& conn = *exchange->connection_;
-    const auto head_deadline = std::min(Clock::now() + limits.ttft, limits.deadline);
+    // The wait for the head starts once the connection is ready to send.
+    const auto head_deadline = std::min(timing.secured + limits.ttft, limits.deadline);
     conn.tcp().expires_at(head_deadline);
     auto sent = write_now(conn.plain_socket(), wire);
     // Sent whole without a wait: the answer can only come after it, and the
