@@ -40,6 +40,10 @@ namespace net = boost::asio;
 using namespace std::chrono_literals;
 using net::ip::tcp;
 
+// With another Boost than 1.81 the reads are Asio's own, which call recv.
+constexpr bool kCountsSystemCalls = SLUICE_HAS_DRAIN_AWARE_READ;
+constexpr const char* kNotCounted = "reads are Asio's own with this Boost";
+
 struct Received {
   error_code ec;
   std::string bytes;
@@ -96,6 +100,7 @@ int calls_for_the_read_after(SocketPair& pair, const std::string& first,
 }
 
 TEST(DrainAwareRead, ReadThatEmptiedTrackedSocketLetsTheNextOneWaitWithoutTrying) {
+  if (!kCountsSystemCalls) GTEST_SKIP() << kNotCounted;
   SocketPair pair;
   enable_drain_tracking(pair.ours);
   // Only the read that returned data: none found the socket empty.
@@ -103,12 +108,14 @@ TEST(DrainAwareRead, ReadThatEmptiedTrackedSocketLetsTheNextOneWaitWithoutTrying
 }
 
 TEST(DrainAwareRead, UntrackedSocketTriesEveryReadFirstAsAsioDoes) {
+  if (!kCountsSystemCalls) GTEST_SKIP() << kNotCounted;
   SocketPair pair;
   // The read tried first and found nothing, then read the data.
   EXPECT_EQ(calls_for_the_read_after(pair, "hello", "world"), 2);
 }
 
 TEST(DrainAwareRead, ReadThatFilledItsRoomTriesTheNextAtOnce) {
+  if (!kCountsSystemCalls) GTEST_SKIP() << kNotCounted;
   SocketPair pair;
   enable_drain_tracking(pair.ours);
   net::write(pair.theirs, net::buffer("0123456789abcdefghij", 20));
@@ -160,6 +167,7 @@ TEST(DrainAwareRead, ResetBehindTheDataIsReportedOnAnUntrackedSocket) {
 }
 
 TEST(DrainAwareRead, AwaitingReplyWaitsForTheReplyWithoutTryingFirst) {
+  if (!kCountsSystemCalls) GTEST_SKIP() << kNotCounted;
   SocketPair pair;
   Counting counting(pair.ours);
   pair.run([&]() -> net::awaitable<void> {
@@ -214,6 +222,7 @@ TEST(DrainAwareRead, CancellationSlotEndsAWaitingRead) {
 }
 
 TEST(DrainAwareRead, NoRoomCompletesAtOnceWithoutASystemCall) {
+  if (!kCountsSystemCalls) GTEST_SKIP() << kNotCounted;
   SocketPair pair;
   Counting counting(pair.ours);
   pair.run([&]() -> net::awaitable<void> {

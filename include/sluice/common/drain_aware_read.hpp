@@ -18,6 +18,7 @@
 #include <boost/asio/execution/context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/query.hpp>
+#include <boost/version.hpp>
 
 #include <cerrno>
 #include <cstddef>
@@ -53,7 +54,9 @@ namespace sluice {
 //   the next write instead.
 //
 // Only for plain TCP sockets on an io_context with Asio's reactor (epoll on
-// Linux). Completes like async_read_some: (error_code, bytes read).
+// Linux). Completes like async_read_some: (error_code, bytes read). The
+// operation is written against Boost 1.81's reactor internals; with any
+// other Boost, or Asio's io_uring backend, these are plain async_read_some.
 enum class ReadStart { try_at_once, awaiting_reply };
 
 template <class Token>
@@ -67,6 +70,14 @@ inline void enable_drain_tracking(boost::asio::ip::tcp::socket& socket) {
   ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_INQ, &on, sizeof on);
 }
 
+#if BOOST_VERSION == 108100 && defined(BOOST_ASIO_HAS_EPOLL) && \
+    !defined(BOOST_ASIO_HAS_IO_URING_AS_DEFAULT)
+#define SLUICE_HAS_DRAIN_AWARE_READ 1
+#else
+#define SLUICE_HAS_DRAIN_AWARE_READ 0
+#endif
+
+#if SLUICE_HAS_DRAIN_AWARE_READ
 namespace drain_aware_detail {
 
 namespace asio_detail = boost::asio::detail;
@@ -215,5 +226,12 @@ auto drain_aware_read_some(boost::asio::ip::tcp::socket& socket, boost::asio::mu
   return boost::asio::async_initiate<Token, void(error_code, std::size_t)>(
       drain_aware_detail::InitiateReceive{}, token, &socket, buffer, start);
 }
+#else
+template <class Token>
+auto drain_aware_read_some(boost::asio::ip::tcp::socket& socket, boost::asio::mutable_buffer buffer,
+                           Token&& token, ReadStart /*start*/) {
+  return socket.async_read_some(buffer, std::forward<Token>(token));
+}
+#endif
 
 }  // namespace sluice
