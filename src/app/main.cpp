@@ -13,6 +13,10 @@
 #include "sluice/config/config.hpp"
 #include "sluice/server/gateway.hpp"
 
+#if SLUICE_WITH_MIMALLOC
+#include <mimalloc.h>
+#endif
+
 namespace {
 
 constexpr const char* kUsage =
@@ -25,6 +29,23 @@ constexpr const char* kUsage =
 
 Signals: SIGTERM/SIGINT stop the gateway, SIGHUP reloads the config file.
 )";
+
+// Names the allocator that serves malloc. With mimalloc linked, the answer
+// comes from asking it whether a fresh calloc block is its own, since a link
+// order that lost the override would otherwise go unnoticed.
+std::string allocator_in_use() {
+#if SLUICE_WITH_MIMALLOC
+  void* probe = std::calloc(1, 64);
+  const bool overridden = mi_is_in_heap_region(probe);
+  std::free(probe);
+  if (!overridden) return "glibc malloc (mimalloc linked but not serving malloc)";
+  const int version = mi_version();
+  return "mimalloc " + std::to_string(version / 100) + "." + std::to_string(version / 10 % 10) +
+         "." + std::to_string(version % 10);
+#else
+  return "glibc malloc";
+#endif
+}
 
 int check_config(const std::string& path) {
   try {
@@ -74,9 +95,9 @@ int run(const std::string& path) {
   }
   std::printf("sluice listening on %s\n", gateway.listen_url().c_str());
   std::fflush(stdout);
-  spdlog::info("sluice {} listening on {} with {} threads, {} models; admin on port {}",
+  spdlog::info("sluice {} listening on {} with {} threads, {} models; admin on port {}; {}",
                sluice::kVersion, gateway.listen_url(), gateway.workers().size(),
-               config->models.size(), gateway.admin_port());
+               config->models.size(), gateway.admin_port(), allocator_in_use());
 
   boost::asio::io_context signals_context;
   boost::asio::signal_set signals(signals_context, SIGINT, SIGTERM, SIGHUP);
@@ -117,7 +138,7 @@ int main(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       return 0;
     } else if (arg == "--version") {
-      std::printf("sluice %s\n", sluice::kVersion);
+      std::printf("sluice %s\nallocator: %s\n", sluice::kVersion, allocator_in_use().c_str());
       return 0;
     } else if (arg == "--check-config") {
       return check_config(value());
