@@ -389,7 +389,7 @@ std::unique_ptr<AttemptTask> take_winner(RequestContext& context, router::Plan& 
   auto ttft = std::chrono::duration_cast<router::Micros>(exchange.timing().first_byte -
                                                          exchange.timing().sent);
   plan.report(winner->attempt, {router::ResultKind::success, false, ttft, std::nullopt},
-              Clock::now());
+              exchange.timing().first_byte);
   context.answered = &deployment;
   context.record.deployment = deployment.id;
   context.record.attempts.push_back(attempt_record(deployment, exchange, "ok"));
@@ -593,6 +593,7 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ProxyInputs& in
   if (outcome.nothing_sent && outcome.upstream_error && !watch.client_gone()) {
     co_return co_await respond_broken_upstream(context, deployment, *outcome.upstream_error);
   }
+  context.answered_at = finished_at;
   co_return outcome.complete&& context.keep_alive;
 }
 
@@ -693,7 +694,7 @@ void account(RequestContext& context, bool client_gone) {
   auto& metrics = *context.snapshot->metrics;
   auto& gateway_metrics = context.worker.gateway().metrics();
   auto shard = context.worker.index();
-  auto now = Clock::now();
+  auto now = context.answered_at != TimePoint{} ? context.answered_at : Clock::now();
   auto total = now - context.head_started;
   record.total_ms = to_ms(total);
   record.gateway_overhead_us = static_cast<std::uint64_t>(
@@ -795,7 +796,7 @@ void Pipeline::begin(RequestContext& context) {
   context.worker.gateway().metrics().requests_in_flight.add(1);
   context.record.timestamp = std::chrono::system_clock::now() -
                              std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                                 Clock::now() - context.head_started);
+                                 context.body_read - context.head_started);
   auto next_random = [&worker = context.worker] { return worker.next_random(); };
   auto incoming = metrics::parse_traceparent(context.request["traceparent"]);
   context.trace = incoming ? *incoming : metrics::new_trace_context(next_random);
@@ -875,7 +876,7 @@ Screening screen_request(RequestContext& context, ProxyJob& job) {
       return refuse(ApiError::method_not_allowed(request.method_string(), path),
                     "Allow: GET, HEAD\r\n");
     }
-    job.admission = auth.admit({presented_key.value_or(""), "", 0, Clock::now()});
+    job.admission = auth.admit({presented_key.value_or(""), "", 0, context.body_read});
     job.admission.append_headers(context.response_fields);
     context.key = job.admission.key;
     if (!job.admission.allowed()) return refuse(*job.admission.error);
@@ -910,7 +911,7 @@ Screening screen_request(RequestContext& context, ProxyJob& job) {
     }
   }
   job.admission = auth.admit({presented_key.value_or(""), model_name,
-                              auth::estimate_tokens(body.size(), max_tokens), Clock::now()});
+                              auth::estimate_tokens(body.size(), max_tokens), context.body_read});
   job.admission.append_headers(context.response_fields);
   // Refused requests are logged with the key and model too: a 429 is worth
   // little to an operator without knowing whose.
@@ -1059,7 +1060,8 @@ net::awaitable<bool> Pipeline::handle(RequestContext& context) {
     keep = co_await proxy(context, job.inputs, watch);
     // Settled as soon as the response has ended: the client may already be
     // sending its next request.
-    context.snapshot->auth->complete(job.admission, context.usage_tokens, Clock::now());
+    if (context.answered_at == TimePoint{}) context.answered_at = Clock::now();
+    context.snapshot->auth->complete(job.admission, context.usage_tokens, context.answered_at);
     watch.stop();
     context.client_gone = watch.client_gone();
     keep = keep && !watch.client_gone();

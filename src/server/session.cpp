@@ -124,8 +124,9 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     request.body_limit(limits.max_body_bytes);
 
     auto head_started = Clock::now();
-    read_deadline.expires_after(first || buffer.size() > 0 ? limits.header_timeout
-                                                           : limits.keepalive_timeout);
+    read_deadline.expires_at(head_started + (first || buffer.size() > 0
+                                                 ? limits.header_timeout
+                                                 : limits.keepalive_timeout));
     tracked.idle = buffer.size() == 0;
     if (tracked.idle && gateway.draining()) break;
     // The watch of the last request may still be reading what comes next.

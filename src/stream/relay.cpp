@@ -130,7 +130,6 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     }
     if (last && chunked) wire.push_back(net::buffer(kLastChunk));
     if (wire.empty()) return true;
-    client_.expires_after(write_timeout_);
     progress = sluice::write_now(&client_.socket(), wire);
     if (head_pending) outcome.first_write = Clock::now();
     head_pending = false;
@@ -140,6 +139,9 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
   };
   // The part of a write the socket did not take at once.
   auto write_rest = [&]() -> net::awaitable<bool> {
+    // The write timeout only guards a wait, so the clock is read only here
+    // and not for every write the socket takes at once.
+    client_.expires_after(write_timeout_);
     progress = co_await sluice::write_rest(client_, buffers_.wire, progress);
     co_return settle();
   };

@@ -250,6 +250,49 @@ TEST_F(RelayBackpressure, AStreamArrivesWholeAndInOrder) {
   EXPECT_EQ(events.back(), "[DONE]");
 }
 
+// A client that stops reading a long stream: once the socket and the
+// buffers behind it are full, the relay's write waits, and the deployment's
+// idle timeout ends that wait. The gateway then drops both sides instead of
+// holding the upstream for as long as the client stays silent.
+TEST(RelayWriteTimeout, AClientThatStopsReadingIsCutAfterTheIdleTimeout) {
+  namespace net = boost::asio;
+  mock::Behaviour behaviour;
+  // About 30 MB of events: more than the kernel buffers on both hops hold.
+  behaviour.tokens = 200000;
+  auto upstream = start_mock(behaviour);
+  TestGateway gateway(
+      "models:\n  - name: chat\n    deployments:\n" +
+      deployment_yaml("d1", upstream->base_url(),
+                      kNoWarmConnections + "        timeouts: {idle: 200ms, total: 60s}\n"));
+  net::io_context io;
+  net::ip::tcp::socket socket(io);
+  socket.open(net::ip::tcp::v4());
+  socket.set_option(net::socket_base::receive_buffer_size(4096));
+  const timeval read_timeout{5, 0};  // a relay that never gives up fails the test, not hangs it
+  setsockopt(socket.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &read_timeout, sizeof read_timeout);
+  socket.connect({net::ip::make_address("127.0.0.1"), gateway.port()});
+  const std::string body = chat_body("chat", true);
+  const std::string request =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+      "Content-Type: application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  net::write(socket, net::buffer(request));
+  ASSERT_TRUE(eventually([&] { return upstream->stats().open_connections == 1; }, 2s));
+
+  // Far longer than the idle timeout, far shorter than the total one.
+  ASSERT_TRUE(eventually([&] { return upstream->stats().open_connections == 0; }, 3s))
+      << "the upstream is still held for a client that reads nothing";
+  std::string received;
+  std::array<char, 65536> piece;
+  boost::system::error_code ec;
+  while (!ec) {
+    const auto n = socket.read_some(net::buffer(piece), ec);
+    received.append(piece.data(), n);
+  }
+  EXPECT_TRUE(ec == net::error::eof || ec == net::error::connection_reset) << ec.message();
+  EXPECT_EQ(received.find("[DONE]"), std::string::npos) << "the stream ended as if complete";
+}
+
 // A non-streaming body's usage is read from the last bytes the relay kept;
 // the tail may start anywhere in the body.
 TEST(RelayUsage, ReadFromTheTailOfAJsonBody) {

@@ -35,6 +35,9 @@ struct RequestContext {
   std::string request_id{};
   TimePoint head_started{};  // first byte of the request seen (or read started)
   TimePoint body_read{};
+  // When the proxied answer ended; one reading of the clock serves the
+  // router, the rate limits and the access log.
+  TimePoint answered_at{};
 
   // Filled by the stages.
   const auth::KeyPolicy* key = nullptr;  // who is calling (auth on)
