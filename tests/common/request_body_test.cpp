@@ -196,8 +196,9 @@ TEST(RequestBody, AcceptsAndRefusesAsAStrictJsonParser) {
   EXPECT_TRUE(inspect_request_body("\xef\xbb\xbf {\"model\":\"m\"}").ok());
 }
 
-// Strings are scanned eight bytes at a time while nothing in them needs a
-// closer look: whatever does must be found at every offset of such a word.
+// Strings are scanned 16 bytes at a time (8 without SSE2) while nothing in
+// them needs a closer look: whatever does must be found at every offset of
+// such a block, and in the bytes after the last whole block.
 TEST(RequestBody, EveryByteOfALongStringIsChecked) {
   struct Case {
     std::string inserted;
@@ -211,9 +212,9 @@ TEST(RequestBody, EveryByteOfALongStringIsChecked) {
                                                                 // what follows is not JSON
   };
   for (const auto& test : cases) {
-    for (std::size_t offset = 0; offset < 24; ++offset) {
+    for (std::size_t offset = 0; offset < 40; ++offset) {
       const std::string text =
-          std::string(offset, 'a') + test.inserted + std::string(24 - offset, 'b');
+          std::string(offset, 'a') + test.inserted + std::string(40 - offset, 'b');
       const std::string body =
           R"({"model":"m","messages":[{"role":"user","content":")" + text + R"("}],"stream":true})";
       auto inspected = inspect_request_body(body);
