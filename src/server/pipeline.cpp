@@ -205,9 +205,10 @@ net::awaitable<void> run_attempt(upstream::Client& client, const upstream::Origi
   wakeup.cancel();
 }
 
-// Fills in the request `task` sends to the attempt's deployment.
+// Fills in the request `task` sends to the attempt's deployment; the
+// attempt starts `now`, the time the plan chose it at.
 void prepare_attempt(const RequestContext& context, const ProxyInputs& inputs, AttemptTask& task,
-                     const router::Attempt& attempt) {
+                     const router::Attempt& attempt, TimePoint now) {
   const auto& deployment = *attempt.deployment;
   task.attempt = attempt;
   task.wiring = &context.snapshot->wiring(deployment);
@@ -219,15 +220,16 @@ void prepare_attempt(const RequestContext& context, const ProxyInputs& inputs, A
                         {inputs.client_fields, inputs.gateway_fields, task.wiring->fields},
                         {inputs.body_prefix, task.wiring->model_literal, inputs.body_suffix,
                          inputs.body_addition, inputs.body_closing}};
-  task.started_at = Clock::now();
-  task.limits =
-      upstream::Limits{deployment.timeouts.connect, deployment.timeouts.ttft,
-                       deployment.timeouts.idle, task.started_at + deployment.timeouts.total};
+  task.started_at = now;
+  task.limits = upstream::Limits{deployment.timeouts.connect, deployment.timeouts.ttft,
+                                 deployment.timeouts.idle,
+                                 task.started_at + deployment.timeouts.total, task.started_at};
 }
 
 void launch(RequestContext& context, const ProxyInputs& inputs, AttemptTask& task,
-            const router::Attempt& attempt, stream::ClientWatch& watch, net::steady_timer& wakeup) {
-  prepare_attempt(context, inputs, task, attempt);
+            const router::Attempt& attempt, TimePoint now, stream::ClientWatch& watch,
+            net::steady_timer& wakeup) {
+  prepare_attempt(context, inputs, task, attempt, now);
   task.running = true;
   watch.watch(&task.abort_handle);
   // The snapshot the request holds keeps the origin alive for the attempt.
@@ -342,11 +344,12 @@ std::string gateway_fields_for(RequestContext& context) {
 void launch_hedge(RequestContext& context, const ProxyInputs& inputs, router::Plan& plan,
                   std::unique_ptr<AttemptTask>& slot, stream::ClientWatch& watch,
                   net::steady_timer& wakeup) {
-  auto hedge = plan.next_hedge(Clock::now());
+  const auto now = Clock::now();
+  auto hedge = plan.next_hedge(now);
   if (!hedge) return;
   ++context.attempts;
   slot = std::make_unique<AttemptTask>();
-  launch(context, inputs, *slot, *hedge, watch, wakeup);
+  launch(context, inputs, *slot, *hedge, now, watch, wakeup);
 }
 
 // The primary attempt and at most one hedge, racing for the first byte; a
@@ -427,7 +430,7 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
   // On the heap: rare, and large for a frame that every request allocates.
   std::unique_ptr<FailedAttempt> last_failure;
 
-  while (auto attempt = plan.next(Clock::now())) {
+  for (auto now = Clock::now(); auto attempt = plan.next(now); now = Clock::now()) {
     ++context.attempts;
     if (attempt->wait > 0ms) {
       // No attempt runs yet: the race's timer serves for the pause.
@@ -438,6 +441,7 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
         plan.abandon(*attempt);
         co_return Picked{};
       }
+      now = Clock::now();
     }
 
     Race tasks;
@@ -448,13 +452,13 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
       // Nothing races an attempt without a hedge: it runs in this coroutine,
       // which spares a spawn and a wake-up per request.
       auto& task = *tasks[0];
-      prepare_attempt(context, inputs, task, *attempt);
+      prepare_attempt(context, inputs, task, *attempt, now);
       watch.watch(&task.abort_handle);
       task.result.emplace(co_await context.worker.client().start(task.wiring->origin, task.request,
                                                                  task.limits, task.abort_handle));
       if (task.has_usable_head()) winner = &task;
     } else {
-      launch(context, inputs, *tasks[0], *attempt, watch, wakeup());
+      launch(context, inputs, *tasks[0], *attempt, now, watch, wakeup());
       hedge_at = tasks[0]->started_at + *attempt->hedge_after;
     }
     while (!winner) {
@@ -587,6 +591,7 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ProxyInputs& in
   }
   watch.unwatch(&winner.abort_handle);
   const auto finished_at = Clock::now();
+  exchange.note_finished(finished_at);
   plan.finish(winner.attempt, outcome.complete,
               std::chrono::duration_cast<router::Micros>(finished_at - winner.started_at),
               finished_at);
@@ -636,14 +641,15 @@ net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& cont
   auto plan = context.snapshot->router->plan(model, false, context.worker.next_random());
   std::string failure = "no deployment of model `" + model.name + "` can take the request now";
 
-  while (auto attempt = plan.next(Clock::now())) {
+  for (auto now = Clock::now(); auto attempt = plan.next(now); now = Clock::now()) {
     if (attempt->wait > 0ms) {
       net::steady_timer pause(context.client.get_executor(), attempt->wait);
       co_await pause.async_wait(as_tuple(use_awaitable));
+      now = Clock::now();
     }
     const auto& deployment = *attempt->deployment;
     AttemptTask task;
-    prepare_attempt(context, inputs, task, *attempt);
+    prepare_attempt(context, inputs, task, *attempt, now);
     auto result = co_await context.worker.client().start(task.wiring->origin, task.request,
                                                          task.limits, task.abort_handle);
     if (!result) {

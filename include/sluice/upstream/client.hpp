@@ -64,6 +64,8 @@ struct Limits {
   std::chrono::milliseconds ttft{10000};
   std::chrono::milliseconds idle{30000};
   TimePoint deadline = TimePoint::max();  // from timeouts.total
+  // When the caller began the attempt, if it has read the clock already.
+  TimePoint started{};
 };
 
 struct Timing {
@@ -128,6 +130,9 @@ class Exchange {
   }
   bool finished() const { return parser_->is_done(); }
   const Timing& timing() const { return timing_; }
+  // When the caller saw the exchange end; the connection's idle time in the
+  // pool counts from there.
+  void note_finished(TimePoint when) { finished_at_ = when; }
 
   // Reads the next part of the body into [data, data + capacity): the number
   // of bytes read, 0 once the body is complete.
@@ -154,6 +159,7 @@ class Exchange {
   std::unique_ptr<Connection> connection_;
   std::optional<ResponseParser> parser_;  // fresh for every round of Client::start
   Timing timing_;
+  TimePoint finished_at_{};
   bool failed_ = false;
 };
 
