@@ -225,6 +225,9 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
   tcp.socket().set_option(net::ip::tcp::no_delay(true), ignored);
   // Writes are tried directly before they are awaited (write_eagerly).
   tcp.socket().non_blocking(true, ignored);
+  // A stream's reads then wait for the next event without first finding
+  // the socket empty: one system call fewer per relayed event.
+  if (connection->plain_socket()) enable_drain_tracking(tcp.socket());
   timing.connected = Clock::now();
 
   if (auto* tls = connection->tls_stream()) {

@@ -1,6 +1,6 @@
 // drain_aware_read_some: a read that emptied a tracked socket makes the next
-// read wait for readiness without a system call, but never loses data or an
-// end of stream behind it; a read awaiting a reply skips its first try and
+// read wait for readiness without a system call, but never loses data, an
+// end of stream or a reset behind it; a read awaiting a reply skips its first try and
 // still gets a reply that is already there; untracked sockets read as Asio
 // does; cancellation, errors and empty buffers complete as Asio's do.
 #include "sluice/common/drain_aware_read.hpp"
@@ -162,6 +162,19 @@ TEST(DrainAwareRead, ResetBehindTheDataIsReportedOnAnUntrackedSocket) {
   auto end = read_after_the_last_bytes(pair, [&] {
     pair.theirs.set_option(net::socket_base::linger(true, 0));
     pair.theirs.close();  // a reset, not a FIN
+  });
+  EXPECT_EQ(end.ec, net::error::connection_reset);
+}
+
+// TCP_INQ reports nothing left when a reset waits behind the data; the
+// wake-up that brought both reports a hang-up, and that keeps the socket
+// from being taken for drained.
+TEST(DrainAwareRead, ResetBehindTheDataIsReportedOnATrackedSocket) {
+  SocketPair pair;
+  enable_drain_tracking(pair.ours);
+  auto end = read_after_the_last_bytes(pair, [&] {
+    pair.theirs.set_option(net::socket_base::linger(true, 0));
+    pair.theirs.close();
   });
   EXPECT_EQ(end.ec, net::error::connection_reset);
 }

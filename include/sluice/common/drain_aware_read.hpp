@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <boost/asio/associated_cancellation_slot.hpp>
 #include <boost/asio/async_result.hpp>
@@ -49,9 +50,12 @@ namespace sluice {
 //   stream pending, is reported to the reactor as "done and exhausted": the
 //   next read on that socket, by these functions or by Asio's own, waits for
 //   epoll's next edge without trying first, as nginx does after a short
-//   read. Anything that arrives later raises that edge. What it cannot see
-//   is a reset that arrived together with the data it read: that is found by
-//   the next write instead.
+//   read. Anything that arrives later raises that edge. TCP_INQ cannot show
+//   a reset that waits behind the data read; the wake-up that brought both
+//   reported a hang-up (EPOLLERR/EPOLLHUP), so a read in such a wake-up
+//   leaves the socket to be tried again (hang_up_reported), as nginx does
+//   with EPOLLRDHUP. A reset that comes after the wake-up raises an edge of
+//   its own.
 //
 // Only for plain TCP sockets on an io_context with Asio's reactor (epoll on
 // Linux). Completes like async_read_some: (error_code, bytes read). The
@@ -104,15 +108,36 @@ inline bool left_nothing(msghdr& message) {
   return false;
 }
 
+// Asio keeps the events of a descriptor's latest wake-up in the descriptor's
+// own operation (task_result_, what the scheduler passes on as "bytes
+// transferred"), and they stay there until the next wake-up.
+struct OperationParts : asio_detail::scheduler_operation {
+  static unsigned int ready_events(const asio_detail::scheduler_operation& operation) {
+    return operation.*(&OperationParts::task_result_);
+  }
+};
+
+// Whether the socket's latest wake-up reported an error or a hang-up. A
+// reset that came with the data just read is reported so, and TCP_INQ does
+// not show it: such a socket is not taken for drained. A reset that arrives
+// after that wake-up raises an edge of its own.
+inline bool hang_up_reported(asio_detail::reactor::per_descriptor_data descriptor) {
+  if (descriptor == nullptr) return true;
+  // A C-style cast: descriptor_state derives from its operation privately.
+  const auto* operation = (const asio_detail::scheduler_operation*)descriptor;  // NOLINT
+  return (OperationParts::ready_events(*operation) & (EPOLLERR | EPOLLHUP)) != 0;
+}
+
 template <class Handler, class IoExecutor>
 class ReceiveOp : public asio_detail::reactor_op {
  public:
   BOOST_ASIO_DEFINE_HANDLER_PTR(ReceiveOp);
 
-  ReceiveOp(asio_detail::socket_type socket, boost::asio::mutable_buffer buffer, Handler& handler,
-            const IoExecutor& io_executor)
+  ReceiveOp(asio_detail::socket_type socket, asio_detail::reactor::per_descriptor_data descriptor,
+            boost::asio::mutable_buffer buffer, Handler& handler, const IoExecutor& io_executor)
       : reactor_op(error_code{}, &ReceiveOp::do_perform, &ReceiveOp::do_complete),
         socket_(socket),
+        descriptor_(descriptor),
         buffer_(buffer),
         handler_(std::move(handler)),
         work_(handler_, io_executor) {}
@@ -132,7 +157,8 @@ class ReceiveOp : public asio_detail::reactor_op {
       if (received > 0) {
         op->ec_ = {};
         op->bytes_transferred_ = static_cast<std::size_t>(received);
-        return left_nothing(message) ? done_and_exhausted : done;
+        return left_nothing(message) && !hang_up_reported(op->descriptor_) ? done_and_exhausted
+                                                                           : done;
       }
       op->bytes_transferred_ = 0;
       if (received == 0) {
@@ -167,6 +193,7 @@ class ReceiveOp : public asio_detail::reactor_op {
 
  private:
   asio_detail::socket_type socket_;
+  asio_detail::reactor::per_descriptor_data descriptor_;
   boost::asio::mutable_buffer buffer_;
   Handler handler_;
   asio_detail::handler_work<Handler, IoExecutor> work_;
@@ -203,7 +230,8 @@ struct InitiateReceive {
 
     typename Op::ptr p = {boost::asio::detail::addressof(local_handler),
                           Op::ptr::allocate(local_handler), nullptr};
-    p.p = new (p.v) Op(impl.socket_, buffer, local_handler, io_object.get_executor());
+    p.p = new (p.v)
+        Op(impl.socket_, impl.reactor_data_, buffer, local_handler, io_object.get_executor());
     if (slot.is_connected()) {
       auto& context = boost::asio::query(io_object.get_executor(), boost::asio::execution::context);
       auto& reactor = boost::asio::use_service<asio_detail::reactor>(context);
