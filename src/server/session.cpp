@@ -12,6 +12,7 @@
 
 #include "sluice/common/errors.hpp"
 #include "sluice/common/http_read.hpp"
+#include "sluice/common/relay_socket.hpp"
 #include "sluice/common/socket_deadline.hpp"
 #include "sluice/server/gateway.hpp"
 #include "sluice/server/pipeline.hpp"
@@ -97,14 +98,9 @@ net::awaitable<void> close_gracefully(beast::tcp_stream& client) {
 
 net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socket) {
   auto& gateway = worker.gateway();
-  error_code ignored;
-  socket.set_option(net::ip::tcp::no_delay(true), ignored);
-  // Writes are tried directly before they are awaited (write_eagerly).
-  socket.non_blocking(true, ignored);
-  // Its reads tell when they emptied it, so the next read (most often the
-  // watch's, started before the client could send more) waits for readiness
-  // without trying first.
-  enable_drain_tracking(socket);
+  // The next read after a request (most often the watch's, started before
+  // the client could send more) then waits for readiness without trying.
+  prepare_relay_socket(socket);
   beast::tcp_stream client(std::move(socket));
   beast::flat_buffer buffer;
   // The read buffer is small to start with: a held stream's events are

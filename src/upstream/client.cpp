@@ -16,6 +16,7 @@
 #include "sluice/common/eager_write.hpp"
 #include "sluice/common/http_head.hpp"
 #include "sluice/common/http_read.hpp"
+#include "sluice/common/relay_socket.hpp"
 
 namespace sluice::upstream {
 
@@ -221,13 +222,9 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
         connect_ec == beast::error::timeout ? Failure::connect_timeout : Failure::connect;
     co_return UpstreamError{failure, connect_ec};
   }
-  error_code ignored;
-  tcp.socket().set_option(net::ip::tcp::no_delay(true), ignored);
-  // Writes are tried directly before they are awaited (write_eagerly).
-  tcp.socket().non_blocking(true, ignored);
   // A stream's reads then wait for the next event without first finding
   // the socket empty: one system call fewer per relayed event.
-  if (connection->plain_socket()) enable_drain_tracking(tcp.socket());
+  prepare_relay_socket(tcp.socket());
   timing.connected = Clock::now();
 
   if (auto* tls = connection->tls_stream()) {
