@@ -189,8 +189,7 @@ struct AttemptTask {
   const Snapshot::DeploymentWiring* wiring = nullptr;
   std::string target;
   upstream::Request request;
-  upstream::Limits limits;
-  TimePoint started_at{};
+  upstream::Limits limits;  // limits.started: when the attempt began
   upstream::AbortHandle abort_handle;
   std::optional<StartResult> result;
   bool running = false;
@@ -220,10 +219,8 @@ void prepare_attempt(const RequestContext& context, const ProxyInputs& inputs, A
                         {inputs.client_fields, inputs.gateway_fields, task.wiring->fields},
                         {inputs.body_prefix, task.wiring->model_literal, inputs.body_suffix,
                          inputs.body_addition, inputs.body_closing}};
-  task.started_at = now;
   task.limits = upstream::Limits{deployment.timeouts.connect, deployment.timeouts.ttft,
-                                 deployment.timeouts.idle,
-                                 task.started_at + deployment.timeouts.total, task.started_at};
+                                 deployment.timeouts.idle, now + deployment.timeouts.total, now};
 }
 
 void launch(RequestContext& context, const ProxyInputs& inputs, AttemptTask& task,
@@ -459,7 +456,7 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
       if (task.has_usable_head()) winner = &task;
     } else {
       launch(context, inputs, *tasks[0], *attempt, now, watch, wakeup());
-      hedge_at = tasks[0]->started_at + *attempt->hedge_after;
+      hedge_at = tasks[0]->limits.started + *attempt->hedge_after;
     }
     while (!winner) {
       winner = finished_with_usable_head(tasks);
@@ -548,7 +545,7 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ProxyInputs& in
   // sluice's own time: before the request went upstream, and from the
   // response head to the first write to the client (measured by the relay
   // below; Server-Timing reports it up to here).
-  context.gateway_time += winner.started_at - context.body_read;
+  context.gateway_time += winner.limits.started - context.body_read;
   // The relayed answer's own lines go after the ones the stages added, in the
   // same string: room for all of them at once.
   context.response_fields.reserve(kTypicalResponseFieldBytes);
@@ -593,7 +590,7 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ProxyInputs& in
   const auto finished_at = Clock::now();
   exchange.note_finished(finished_at);
   plan.finish(winner.attempt, outcome.complete,
-              std::chrono::duration_cast<router::Micros>(finished_at - winner.started_at),
+              std::chrono::duration_cast<router::Micros>(finished_at - winner.limits.started),
               finished_at);
   if (outcome.nothing_sent && outcome.upstream_error && !watch.client_gone()) {
     co_return co_await respond_broken_upstream(context, deployment, *outcome.upstream_error);
@@ -678,7 +675,7 @@ net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& cont
         co_await read_body_into(exchange, context.relay_buffers.read, kMaxInternalBody, body);
     const auto finished_at = Clock::now();
     plan.finish(*attempt, complete,
-                std::chrono::duration_cast<router::Micros>(finished_at - task.started_at),
+                std::chrono::duration_cast<router::Micros>(finished_at - task.limits.started),
                 finished_at);
     if (complete) co_return body;
     failure = "deployment " + deployment.id + ": the response broke off or was too large";
@@ -694,14 +691,20 @@ net::awaitable<bool> respond_error(RequestContext& context, const ApiError& erro
 
 namespace {
 
+// When the answer ended: the time relay_answer read for the router, or now
+// for an answer that did not come through it.
+TimePoint settle_answered_at(RequestContext& context) {
+  if (context.answered_at == TimePoint{}) context.answered_at = Clock::now();
+  return context.answered_at;
+}
+
 // Metrics and the access-log line for a finished request.
 void account(RequestContext& context, bool client_gone) {
   auto& record = context.record;
   auto& metrics = *context.snapshot->metrics;
   auto& gateway_metrics = context.worker.gateway().metrics();
   auto shard = context.worker.index();
-  auto now = context.answered_at != TimePoint{} ? context.answered_at : Clock::now();
-  auto total = now - context.head_started;
+  auto total = settle_answered_at(context) - context.head_started;
   record.total_ms = to_ms(total);
   record.gateway_overhead_us = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(context.gateway_time).count());
@@ -1066,8 +1069,8 @@ net::awaitable<bool> Pipeline::handle(RequestContext& context) {
     keep = co_await proxy(context, job.inputs, watch);
     // Settled as soon as the response has ended: the client may already be
     // sending its next request.
-    if (context.answered_at == TimePoint{}) context.answered_at = Clock::now();
-    context.snapshot->auth->complete(job.admission, context.usage_tokens, context.answered_at);
+    context.snapshot->auth->complete(job.admission, context.usage_tokens,
+                                     settle_answered_at(context));
     watch.stop();
     context.client_gone = watch.client_gone();
     keep = keep && !watch.client_gone();
