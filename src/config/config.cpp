@@ -406,7 +406,7 @@ class Loader {
 void Loader::read_server(const Located& at, Server& server) const {
   MappingReader map(at, {"listen", "threads", "max_body_bytes", "max_header_bytes",
                          "header_timeout", "body_timeout", "keepalive_timeout", "max_connections",
-                         "admin_listen", "admin_key", "drain_timeout"});
+                         "admin_listen", "admin_key", "drain_timeout", "busy_poll_us"});
   if (auto value = map.get("listen")) {
     std::string text = read_string(*value);
     auto listen = parse_listen(text);
@@ -451,6 +451,11 @@ void Loader::read_server(const Located& at, Server& server) const {
   if (auto value = map.get("drain_timeout")) server.drain_timeout = read_positive_duration(*value);
   // More threads than this is a typo, not a machine.
   if (auto value = map.get("threads")) server.threads = read_uint(*value, 0, 1024);
+  // Up to a second: beyond that the workers never sleep under any load
+  // worth the name, and a bigger number is a typo.
+  if (auto value = map.get("busy_poll_us")) {
+    server.busy_poll = std::chrono::microseconds(read_uint(*value, 0, 1000000));
+  }
   if (auto value = map.get("max_body_bytes")) server.max_body_bytes = read_size(*value, 1);
   if (auto value = map.get("max_header_bytes")) server.max_header_bytes = read_size(*value, 1);
   if (auto value = map.get("header_timeout"))

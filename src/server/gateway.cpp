@@ -20,6 +20,7 @@
 
 #include "sluice/common/json_scan.hpp"
 #include "sluice/server/admin.hpp"
+#include "sluice/server/event_loop.hpp"
 #include "sluice/server/session.hpp"
 
 namespace sluice::server {
@@ -343,7 +344,10 @@ void Gateway::start() {
   }
   for (auto& worker : workers_) {
     net::co_spawn(worker->context(), sweep_idle_connections(*worker), net::detached);
-    worker->thread_ = std::thread([&context = worker->context()] { context.run(); });
+    worker->thread_ =
+        std::thread([&context = worker->context(), busy_poll = config->server.busy_poll] {
+          run_event_loop(context, busy_poll);
+        });
   }
   running_ = true;
 }

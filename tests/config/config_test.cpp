@@ -32,6 +32,7 @@ unsigned expected_default_threads() { return std::max(1u, std::thread::hardware_
 const std::string kFullConfig = R"(server:
   listen: "[::1]:9090"
   threads: 3
+  busy_poll_us: 50
   max_body_bytes: 1048576
   max_header_bytes: 8192
   header_timeout: 5s
@@ -100,6 +101,7 @@ TEST(LoadString, FullConfigServerSection) {
   EXPECT_EQ(server.listen_host, "::1");
   EXPECT_EQ(server.listen_port, 9090);
   EXPECT_EQ(server.threads, 3u);
+  EXPECT_EQ(server.busy_poll, std::chrono::microseconds(50));
   EXPECT_EQ(server.max_body_bytes, 1048576u);
   EXPECT_EQ(server.max_header_bytes, 8192u);
   EXPECT_EQ(server.header_timeout, milliseconds(5000));
@@ -218,6 +220,7 @@ TEST(LoadString, MinimalConfigUsesDefaults) {
   EXPECT_EQ(config->server.listen_port, 8080);
   EXPECT_EQ(config->server.threads, expected_default_threads());
   EXPECT_GE(config->server.threads, 1u);
+  EXPECT_EQ(config->server.busy_poll, std::chrono::microseconds(0));
   EXPECT_EQ(config->server.max_body_bytes, 8u * 1024 * 1024);
   EXPECT_EQ(config->server.max_header_bytes, 16u * 1024);
   EXPECT_EQ(config->server.header_timeout, milliseconds(10000));
@@ -577,6 +580,10 @@ TEST(ConfigErrors, OutOfRangeNumbers) {
   expect_error(kDeploymentWith + "        weight: 0\n", "models[0].deployments[0].weight", 5,
                "at least 1");
   expect_error("server:\n  threads: 5000\n" + kOneModel, "server.threads", 2, "at most 1024");
+  expect_error("server:\n  busy_poll_us: 1000001\n" + kOneModel, "server.busy_poll_us", 2,
+               "at most 1000000");
+  expect_error("server:\n  busy_poll_us: 50us\n" + kOneModel, "server.busy_poll_us", 2,
+               "expected a whole number, got '50us'");
   expect_error("server:\n  max_connections: 0\n" + kOneModel, "server.max_connections", 2,
                "at least 1");
   expect_error("router:\n  cooldown: {fails: 0}\n" + kOneModel, "router.cooldown.fails", 2,

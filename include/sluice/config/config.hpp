@@ -125,6 +125,9 @@ struct Server {
   std::string listen_host = "0.0.0.0";
   std::uint16_t listen_port = 8080;
   unsigned threads = 0;  // 0 = one per core
+  // How long an idle worker keeps polling for events before it sleeps; 0 =
+  // it sleeps at once (see server/event_loop.hpp).
+  std::chrono::microseconds busy_poll{0};
   std::size_t max_body_bytes = 8 * 1024 * 1024;
   std::size_t max_header_bytes = 16 * 1024;
   Duration header_timeout{10000};
