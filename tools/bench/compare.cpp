@@ -217,6 +217,7 @@ int run_compare(int argc, char** argv, int first) {
   std::string description;
   std::string json_path;
   std::string samples_prefix;
+  std::string reference_name;
 
   ArgumentCursor cursor(argc, argv, first);
   while (cursor.next()) {
@@ -248,6 +249,8 @@ int run_compare(int argc, char** argv, int first) {
       json_path = std::string(cursor.value());
     } else if (name == "--samples") {
       samples_prefix = std::string(cursor.value());
+    } else if (name == "--reference") {
+      reference_name = std::string(cursor.value());
     } else {
       throw UsageError{"unknown option '" + std::string(name) + "'"};
     }
@@ -260,6 +263,22 @@ int run_compare(int argc, char** argv, int first) {
     if (target == targets.end())
       throw UsageError{"--cpu-pid names no target '" + target_name + "'"};
     target->cpu_pids = pids;
+  }
+  // The ratio columns: every other non-baseline target against the
+  // reference, or without one, the second target against the third.
+  std::vector<std::pair<std::size_t, std::size_t>> ratio_pairs;  // numerator, denominator
+  if (!reference_name.empty()) {
+    auto reference = std::find_if(targets.begin(), targets.end(),
+                                  [&](const CompareTarget& t) { return t.name == reference_name; });
+    if (reference == targets.end() || reference == targets.begin()) {
+      throw UsageError{"--reference names no target after the baseline: '" + reference_name + "'"};
+    }
+    const auto denominator = static_cast<std::size_t>(reference - targets.begin());
+    for (std::size_t t = 1; t < targets.size(); ++t) {
+      if (t != denominator) ratio_pairs.emplace_back(t, denominator);
+    }
+  } else if (targets.size() >= 3) {
+    ratio_pairs.emplace_back(1, 2);
   }
   for (auto& target : targets) target.request = build_request(target.url, options);
 
@@ -291,23 +310,24 @@ int run_compare(int argc, char** argv, int first) {
   }
 
   // Medians per target, added figures per round against the first target
-  // (then their median), and the ratio of the second target's added figure
-  // to the third's.
+  // (then their median), and the ratios of added figures.
   const std::size_t target_count = targets.size();
-  const bool has_ratio = target_count >= 3;
+  auto ratio_name = [&](const std::pair<std::size_t, std::size_t>& pair) {
+    return targets[pair.first].name + "/" + targets[pair.second].name;
+  };
   std::ostringstream table;
   table << "| metric |";
   for (const auto& target : targets) table << " " << target.name << " |";
   for (std::size_t t = 1; t < target_count; ++t) table << " " << targets[t].name << " added |";
-  if (has_ratio) table << " " << targets[1].name << "/" << targets[2].name << " added |";
+  for (const auto& pair : ratio_pairs) table << " " << ratio_name(pair) << " added |";
   table << "\n|---|";
-  const std::size_t columns = target_count + (target_count - 1) + (has_ratio ? 1 : 0);
+  const std::size_t columns = target_count + (target_count - 1) + ratio_pairs.size();
   for (std::size_t c = 0; c < columns; ++c) table << "---:|";
   table << "\n";
 
   nlohmann::json medians_json = nlohmann::json::object();
   nlohmann::json added_json = nlohmann::json::object();
-  nlohmann::json ratio_json = nlohmann::json::object();
+  std::vector<nlohmann::json> ratio_json(ratio_pairs.size(), nlohmann::json::object());
   for (const Metric& metric : kMetrics) {
     std::vector<double> medians(target_count);
     std::vector<double> added(target_count, kMissing);
@@ -328,20 +348,25 @@ int run_compare(int argc, char** argv, int first) {
       }
       added[t] = median(differences);
     }
-    const double ratio =
-        has_ratio ? ratio_of_costs(added[1], added[2], metric.higher_is_better) : kMissing;
+    std::vector<double> ratios;
+    for (const auto& [numerator, denominator] : ratio_pairs) {
+      ratios.push_back(
+          ratio_of_costs(added[numerator], added[denominator], metric.higher_is_better));
+    }
 
     table << "| " << metric.label << " |";
     for (std::size_t t = 0; t < target_count; ++t) table << " " << format_value(medians[t]) << " |";
     for (std::size_t t = 1; t < target_count; ++t) table << " " << format_added(added[t]) << " |";
-    if (has_ratio) table << " " << format_ratio(ratio) << " |";
+    for (double ratio : ratios) table << " " << format_ratio(ratio) << " |";
     table << "\n";
 
     for (std::size_t t = 0; t < target_count; ++t) {
       if (!std::isnan(medians[t])) medians_json[targets[t].name][metric.key] = medians[t];
       if (t > 0 && !std::isnan(added[t])) added_json[targets[t].name][metric.key] = added[t];
     }
-    if (!std::isnan(ratio)) ratio_json[metric.key] = ratio;
+    for (std::size_t i = 0; i < ratios.size(); ++i) {
+      if (!std::isnan(ratios[i])) ratio_json[i][metric.key] = ratios[i];
+    }
   }
   table << "| errors |";
   for (std::size_t t = 0; t < target_count; ++t) {
@@ -360,10 +385,10 @@ int run_compare(int argc, char** argv, int first) {
   std::cout << table.str() << "\n";
   std::cout << "Medians over rounds. \"added\" = target − " << targets[0].name
             << " in the same round, median over rounds";
-  if (has_ratio) {
-    std::cout << "; " << targets[1].name << "/" << targets[2].name
-              << " = ratio of the added figures";
+  for (std::size_t i = 0; i < ratio_pairs.size(); ++i) {
+    std::cout << (i == 0 ? "; " : ", ") << ratio_name(ratio_pairs[i]);
   }
+  if (!ratio_pairs.empty()) std::cout << " = ratio of the added figures";
   std::cout << ". CPU µs/req = the target process's user+system time per request.\n" << std::endl;
 
   if (!samples_prefix.empty()) {
@@ -392,9 +417,10 @@ int run_compare(int argc, char** argv, int first) {
     }
     document["median"] = medians_json;
     document["added"] = added_json;
-    if (has_ratio) {
-      document["ratio_of_added"] = {
-          {"numerator", targets[1].name}, {"denominator", targets[2].name}, {"values", ratio_json}};
+    for (std::size_t i = 0; i < ratio_pairs.size(); ++i) {
+      document["ratios_of_added"].push_back({{"numerator", targets[ratio_pairs[i].first].name},
+                                             {"denominator", targets[ratio_pairs[i].second].name},
+                                             {"values", ratio_json[i]}});
     }
     write_json_file(json_path, document);
   }

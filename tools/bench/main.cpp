@@ -22,7 +22,7 @@ constexpr std::string_view kUsage =
     R"(usage: sluice-bench --url URL --model NAME [load options] [--json FILE] [--hdr-out FILE]
        sluice-bench compare --target NAME=URL... [--rounds N] [load options]
                     [--cpu-pid NAME=PID[,PID...]] [--title TEXT] [--description TEXT]
-                    [--json FILE] [--samples PREFIX]
+                    [--json FILE] [--samples PREFIX] [--reference NAME]
 
 Load options:
   --url URL              http://host:port/path to POST to (single run)
@@ -56,6 +56,8 @@ Compare:
   --title TEXT           heading of the printed table
   --description TEXT     a paragraph printed under the heading
   --samples PREFIX       write PREFIX<NAME>.cdf distributions of all rounds
+  --reference NAME       ratio columns: each other target's added figures over
+                         NAME's (default: the second target's over the third's)
 
 TTFT is the time to the first body byte (the first event of a stream). Gaps
 are the times between the ends of consecutive server-sent events. Times are
