@@ -98,6 +98,11 @@ int run(const std::string& path) {
   spdlog::info("sluice {} listening on {} with {} threads, {} models; admin on port {}; {}",
                sluice::kVersion, gateway.listen_url(), gateway.workers().size(),
                config->models.size(), gateway.admin_port(), allocator_in_use());
+  // It changes what the process costs when idle-ish, so it is said once.
+  if (config->server.busy_poll.count() > 0) {
+    spdlog::info("busy polling: idle workers poll for {} µs before they sleep",
+                 config->server.busy_poll.count());
+  }
 
   boost::asio::io_context signals_context;
   boost::asio::signal_set signals(signals_context, SIGINT, SIGTERM, SIGHUP);

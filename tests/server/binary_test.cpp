@@ -164,5 +164,32 @@ TEST(SluiceBinary, SighupReloadsAndSigtermDrainsStreamsThenExitsZero) {
   EXPECT_EQ(sluice.wait_exit(10s), 0);
 }
 
+TEST(SluiceBinary, WithBusyPollingItServesSaysSoAndStopsOnSigterm) {
+  const std::string binary = sluice_binary();
+  if (binary.empty()) GTEST_SKIP() << "sluice binary not found; set SLUICE_BINARY";
+  auto upstream = start_mock({});
+  TempFile config(
+      "server:\n  listen: 127.0.0.1:0\n  admin_listen: off\n  threads: 2\n"
+      "  busy_poll_us: 200\n  drain_timeout: 5s\n"
+      "log:\n  access_log: off\nauth:\n  disabled: true\n"
+      "models:\n  - name: chat\n    deployments:\n" +
+          deployment_yaml("d1", upstream->base_url()),
+      ".yaml");
+  ChildProcess sluice(binary, {"--config", config.path()});
+  auto port = sluice.wait_for_listening_port(kListeningPrefix, 10s);
+  ASSERT_TRUE(port) << sluice.standard_error();
+  HttpConnection client(*port);
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_EQ(client.request("POST", "/v1/chat/completions", chat_body("chat", false)).status,
+              200u);
+  }
+  EXPECT_NE(sluice.standard_error().find("busy polling: idle workers poll for 200 µs"),
+            std::string::npos)
+      << sluice.standard_error();
+  client.close();
+  sluice.signal(SIGTERM);
+  EXPECT_EQ(sluice.wait_exit(10s), 0);
+}
+
 }  // namespace
 }  // namespace sluice::testing
