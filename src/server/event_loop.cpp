@@ -6,7 +6,8 @@
 
 namespace sluice::server {
 
-void run_event_loop(boost::asio::io_context& context, std::chrono::microseconds busy_poll) {
+void run_event_loop(boost::asio::io_context& context, std::chrono::microseconds busy_poll,
+                    EventLoopCounters& counters) {
   if (busy_poll.count() <= 0) {
     context.run();
     return;
@@ -23,10 +24,12 @@ void run_event_loop(boost::asio::io_context& context, std::chrono::microseconds 
       continue;
     }
     if (context.stopped()) break;
+    counters.idle_polls.fetch_add(1, std::memory_order_relaxed);
     const auto now = Clock::now();
     if (!idle_since) {
       idle_since = now;
     } else if (now - *idle_since >= busy_poll) {
+      counters.sleeps.fetch_add(1, std::memory_order_relaxed);
       context.run_one();  // sleeps until the next event
       idle_since.reset();
       continue;

@@ -20,7 +20,6 @@
 
 #include "sluice/common/json_scan.hpp"
 #include "sluice/server/admin.hpp"
-#include "sluice/server/event_loop.hpp"
 #include "sluice/server/session.hpp"
 
 namespace sluice::server {
@@ -344,10 +343,9 @@ void Gateway::start() {
   }
   for (auto& worker : workers_) {
     net::co_spawn(worker->context(), sweep_idle_connections(*worker), net::detached);
-    worker->thread_ =
-        std::thread([&context = worker->context(), busy_poll = config->server.busy_poll] {
-          run_event_loop(context, busy_poll);
-        });
+    worker->thread_ = std::thread([&worker = *worker, busy_poll = config->server.busy_poll] {
+      run_event_loop(worker.context_, busy_poll, worker.loop_counters_);
+    });
   }
   running_ = true;
 }

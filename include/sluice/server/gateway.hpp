@@ -21,6 +21,7 @@
 #include "sluice/metrics/gateway_metrics.hpp"
 #include "sluice/metrics/registry.hpp"
 #include "sluice/router/router.hpp"
+#include "sluice/server/event_loop.hpp"
 #include "sluice/upstream/client.hpp"
 
 namespace sluice::server {
@@ -81,6 +82,8 @@ class Worker {
   Gateway& gateway() { return gateway_; }
   unsigned index() const { return index_; }
   std::uint64_t next_random();
+  // Counted only while busy polling is configured.
+  const EventLoopCounters& loop_counters() const { return loop_counters_; }
 
   // Called on the worker's own thread only.
   void track(ClientConnection* connection) { connections_.insert(connection); }
@@ -114,6 +117,7 @@ class Worker {
   // per-socket locks are switched off; posting from other threads stays safe.
   boost::asio::io_context context_{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
   Xorshift64Star random_;  // per worker: no shared state on the request path
+  EventLoopCounters loop_counters_;
   std::thread thread_;
 };
 
