@@ -694,7 +694,7 @@ namespace {
 // When the answer ended: the time relay_answer read for the router, or now
 // for an answer that did not come through it.
 TimePoint settle_answered_at(RequestContext& context) {
-  if (context.answered_at == TimePoint{}) context.answered_at = Clock::now();
+  context.answered_at = known_or_now(context.answered_at);
   return context.answered_at;
 }
 

@@ -91,8 +91,7 @@ Exchange::~Exchange() {
     ++connection_->exchanges;
     connection_->tcp().expires_never();
     if (connection_->plain_socket()) connection_->read_deadline().expires_never();
-    pool_.give_back(std::move(connection_),
-                    finished_at_ != TimePoint{} ? finished_at_ : Clock::now());
+    pool_.give_back(std::move(connection_), known_or_now(finished_at_));
   } else {
     connection_->close();
     pool_.note_discarded();
@@ -251,7 +250,7 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
 net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
     const Origin& origin, const Request& request, const Limits& limits, AbortHandle& abort_handle) {
   auto exchange = std::make_unique<Exchange>(deps_.pool, limits, abort_handle);
-  exchange->timing_.started = limits.started != TimePoint{} ? limits.started : Clock::now();
+  exchange->timing_.started = known_or_now(limits.started);
 
   std::size_t body_size = 0;
   for (auto part : request.body) body_size += part.size();
