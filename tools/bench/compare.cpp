@@ -257,9 +257,12 @@ int run_compare(int argc, char** argv, int first) {
   }
   if (targets.empty()) throw UsageError{"compare needs at least one --target NAME=URL"};
   validate(options);
+  auto target_named = [&targets](const std::string& wanted) {
+    return std::find_if(targets.begin(), targets.end(),
+                        [&](const CompareTarget& t) { return t.name == wanted; });
+  };
   for (auto& [target_name, pids] : cpu_pids) {
-    auto target = std::find_if(targets.begin(), targets.end(),
-                               [&](const CompareTarget& t) { return t.name == target_name; });
+    auto target = target_named(target_name);
     if (target == targets.end())
       throw UsageError{"--cpu-pid names no target '" + target_name + "'"};
     target->cpu_pids = pids;
@@ -268,8 +271,7 @@ int run_compare(int argc, char** argv, int first) {
   // reference, or without one, the second target against the third.
   std::vector<std::pair<std::size_t, std::size_t>> ratio_pairs;  // numerator, denominator
   if (!reference_name.empty()) {
-    auto reference = std::find_if(targets.begin(), targets.end(),
-                                  [&](const CompareTarget& t) { return t.name == reference_name; });
+    auto reference = target_named(reference_name);
     if (reference == targets.end() || reference == targets.begin()) {
       throw UsageError{"--reference names no target after the baseline: '" + reference_name + "'"};
     }
