@@ -44,7 +44,7 @@ void SocketDeadline::on_timer(const std::weak_ptr<State>& weak, std::uint64_t ge
 }
 
 error_code SocketDeadline::translate(error_code ec) const {
-  if (ec == boost::asio::error::operation_aborted && state_->expired) {
+  if (ec && state_->expired && ec == boost::asio::error::operation_aborted) {
     return boost::beast::error::timeout;
   }
   return ec;

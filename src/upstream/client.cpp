@@ -142,7 +142,7 @@ std::optional<Result<std::size_t, UpstreamError>> Exchange::read_buffered_body(
     error_code ec;
     const std::size_t used = parser_->put(buffered.data(), ec);
     buffered.consume(used);
-    if (ec == http::error::need_buffer || ec == http::error::need_more) ec = {};
+    if (parser_waits(ec)) ec = {};
     if (ec) {
       failed_ = true;
       return classify(ec, false);

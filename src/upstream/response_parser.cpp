@@ -21,14 +21,14 @@ constexpr std::size_t kTypicalLinesBytes = 256;
 // buffer_body does: what does not fit waits for the next buffer.
 std::size_t fill(char*& data, std::size_t& space, std::string_view body, error_code& ec) {
   if (data == nullptr) {
-    ec = http::error::need_buffer;
+    ec = parse_wait::need_buffer;
     return 0;
   }
   const std::size_t taken = std::min(space, body.size());
   if (taken > 0) std::memcpy(data, body.data(), taken);
   data += taken;
   space -= taken;
-  if (taken < body.size()) ec = http::error::need_buffer;
+  if (taken < body.size()) ec = parse_wait::need_buffer;
   return taken;
 }
 
@@ -123,7 +123,7 @@ std::size_t ResponseParser::take_plain_chunks(std::string_view bytes, error_code
     if (chunk_data_ended_) {
       // Beast's parser waits for two bytes past the CRLF before it checks.
       if (last - p < 4) {
-        ec = http::error::need_more;
+        ec = parse_wait::need_more;
         return used;
       }
       // Anything else is Beast's to refuse.
@@ -140,13 +140,13 @@ std::size_t ResponseParser::take_plain_chunks(std::string_view bytes, error_code
     }
     const std::size_t digit_count = static_cast<std::size_t>(p - digits);
     if (p == last && digit_count < 16) {
-      ec = http::error::need_more;  // the line is not whole yet
+      ec = parse_wait::need_more;  // the line is not whole yet
       return used;
     }
     // Extensions, trailers, a long or missing size: Beast's to read.
     const bool plain_line = digit_count > 0 && digit_count < 16 && *p == '\r';
     if (plain_line && last - p < 2) {
-      ec = http::error::need_more;
+      ec = parse_wait::need_more;
       return used;
     }
     if (!plain_line || p[1] != '\n') return hand_over_chunks(bytes, used, ec);
@@ -159,7 +159,7 @@ std::size_t ResponseParser::take_plain_chunks(std::string_view bytes, error_code
     }
     // The last chunk, and no trailer: the blank line ends the body.
     if (last - p < 2) {
-      ec = http::error::need_more;
+      ec = parse_wait::need_more;
       return used;
     }
     if (p[0] != '\r' || p[1] != '\n') return hand_over_chunks(bytes, used, ec);

@@ -12,6 +12,7 @@
 
 #include "sluice/common/drain_aware_read.hpp"
 #include "sluice/common/errors.hpp"
+#include "sluice/common/plain_head.hpp"
 #include "sluice/common/socket_deadline.hpp"
 
 namespace sluice {
@@ -34,7 +35,7 @@ template <class Parser>
 error_code settle_read(error_code ec, std::size_t bytes, boost::beast::flat_buffer& buffer,
                        Parser& parser, const SocketDeadline& deadline) {
   ec = deadline.translate(ec);
-  if (ec == boost::asio::error::eof) {
+  if (ec && ec == boost::asio::error::eof) {
     if (!parser.got_some()) return boost::beast::http::error::end_of_stream;
     error_code eof_ec;
     parser.put_eof(eof_ec);
@@ -59,7 +60,7 @@ std::optional<error_code> parse_buffered(boost::beast::flat_buffer& buffer, Pars
     error_code ec;
     const std::size_t used = parser.put(buffer.data(), ec);
     buffer.consume(used);
-    if (ec && ec != boost::beast::http::error::need_more) return ec;
+    if (ec && ec != parse_wait::need_more) return ec;
     if (finished()) return error_code{};
     // The head parsed, now the body.
     if (ec || used == 0 || buffer.size() == 0) break;

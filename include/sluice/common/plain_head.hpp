@@ -23,6 +23,23 @@ namespace sluice {
 // only ever takes what Beast takes, and reads it the same way (tests compare
 // the two on thousands of altered heads).
 
+// Beast's parser asks for more input (need_more) or more room (need_buffer)
+// through error codes, and the plain reader answers the same way. A stream
+// meets them with every piece it relays, so they are set from these and
+// tested by parser_waits rather than built from the enum each time (a call
+// and a guarded static, then a comparison of categories).
+namespace parse_wait {
+inline const boost::beast::error_code need_more = boost::beast::http::error::need_more;
+inline const boost::beast::error_code need_buffer = boost::beast::http::error::need_buffer;
+}  // namespace parse_wait
+
+// Whether `ec` is need_more or need_buffer: the parser waits, nothing failed.
+inline bool parser_waits(const boost::beast::error_code& ec) {
+  const int value = ec.value();
+  return (value == parse_wait::need_more.value() || value == parse_wait::need_buffer.value()) &&
+         ec.category() == parse_wait::need_more.category();
+}
+
 // RFC 9110's tchar, the bytes of a field name, as Beast's parser has them.
 inline constexpr std::array<bool, 256> kTokenBytes = [] {
   std::array<bool, 256> table{};
@@ -117,7 +134,7 @@ class PlainFirstParser : protected boost::beast::http::basic_parser<isRequest> {
         return derived.take_plain_body(bytes, ec);
       case Route::undecided:
         if (bytes.empty()) {
-          ec = boost::beast::http::error::need_more;
+          ec = parse_wait::need_more;
           return 0;
         }
         // As with Beast's parser, the body waits for the next put.
