@@ -67,10 +67,11 @@ constexpr std::size_t kMaxErrorBody = std::size_t{256} * 1024;
 net::awaitable<bool> read_body_into(upstream::Exchange& exchange, std::vector<char>& buffer,
                                     std::size_t limit, std::string& body) {
   while (body.size() < limit) {
-    auto read = co_await exchange.read_body(buffer.data(), buffer.size());
-    if (!read) co_return false;
-    if (read.value() == 0) co_return true;
-    body.append(buffer.data(), read.value());
+    auto read = exchange.read_buffered_body(buffer.data(), buffer.size());
+    if (!read) read = co_await exchange.read_body(buffer.data(), buffer.size());
+    if (!read->ok()) co_return false;
+    if (read->value() == 0) co_return true;
+    body.append(buffer.data(), read->value());
   }
   co_return exchange.finished();
 }

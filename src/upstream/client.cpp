@@ -156,8 +156,10 @@ std::optional<Result<std::size_t, UpstreamError>> Exchange::read_buffered_body(
 
 net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* data,
                                                                        std::size_t capacity) {
+  // The caller found nothing buffered to return (read_buffered_body), so
+  // the socket is read first.
+  parser_->set_body_buffer(data, capacity);
   for (;;) {
-    if (auto buffered = read_buffered_body(data, capacity)) co_return *buffered;
     const auto read_deadline = std::min(Clock::now() + limits_.idle, limits_.deadline);
     auto& buffered = connection_->read_buffer();
     error_code ec;
@@ -170,7 +172,10 @@ net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* dat
         auto [read_ec, n] = co_await drain_aware_read_some(*socket, buffered.prepare(room),
                                                            as_tuple(use_awaitable));
         ec = settle_read(read_ec, n, buffered, *parser_, connection_->read_deadline());
-        if (!ec) continue;  // parsed at the top of the loop
+        if (!ec) {
+          if (auto produced = read_buffered_body(data, capacity)) co_return *produced;
+          continue;
+        }
       }
     } else {
       // Beast's read parses into the body buffer read_buffered_body set.

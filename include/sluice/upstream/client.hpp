@@ -134,15 +134,16 @@ class Exchange {
   // pool counts from there.
   void note_finished(TimePoint when) { finished_at_ = when; }
 
-  // Reads the next part of the body into [data, data + capacity): the number
-  // of bytes read, 0 once the body is complete.
-  boost::asio::awaitable<Result<std::size_t, UpstreamError>> read_body(char* data,
-                                                                       std::size_t capacity);
-  // The same from what the connection has buffered already, in plain code;
-  // nullopt when the socket must be read (then read_body). Most bodies come
-  // with their head, and most events whole: awaiting a coroutine for them
-  // would cost a frame each.
+  // The next part of the body, into [data, data + capacity): the number of
+  // bytes, 0 once the body is complete. First from what the connection has
+  // buffered already, in plain code: nullopt when the socket must be read.
+  // Most bodies come with their head, and most events whole: awaiting a
+  // coroutine for them would cost a frame each.
   std::optional<Result<std::size_t, UpstreamError>> read_buffered_body(char* data,
+                                                                       std::size_t capacity);
+  // Then from the socket, when read_buffered_body returned nullopt (it does
+  // not look at the buffer again before it reads).
+  boost::asio::awaitable<Result<std::size_t, UpstreamError>> read_body(char* data,
                                                                        std::size_t capacity);
 
   // Closes the connection now; it will not be reused.
