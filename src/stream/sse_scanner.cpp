@@ -130,6 +130,9 @@ bool has_object_valued_key(std::string_view text, std::string_view quoted_key) {
   return false;
 }
 
+// The field name and colon that start an event's data lines.
+constexpr std::string_view kDataField = "data:";
+
 constexpr std::string_view kUsageKey = "\"usage\"";
 constexpr std::string_view kErrorKey = "\"error\"";
 
@@ -357,6 +360,15 @@ void SseScanner::feed(std::string_view piece, std::vector<std::string_view>& out
         } else if (c == ':') {
           line_state_ = LineState::skip;  // a comment
           ++i;
+        } else if (size - i >= kDataField.size() &&
+                   piece.substr(i, kDataField.size()) == kDataField) {
+          // Nearly every line of a stream: its name is taken whole rather
+          // than a byte at a time.
+          name_length_ = kDataField.size() - 1;
+          std::memcpy(name_, kDataField.data(), name_length_);
+          start_field();
+          line_state_ = LineState::space;
+          i += kDataField.size();
         } else {
           name_length_ = 0;
           line_state_ = LineState::name;
