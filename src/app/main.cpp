@@ -73,16 +73,28 @@ int run(const std::string& path) {
   sluice::server::Gateway gateway(config);
   // SIGHUP and POST /admin/reload both re-read the file: a valid config
   // replaces the old one for new requests, an invalid one is refused.
-  auto reload = [&gateway, path]() -> std::string {
+  auto reload = [&gateway, path]() -> sluice::server::ReloadOutcome {
     try {
       auto reloaded = sluice::config::load_file(path);
       sluice::config::require_auth_or_explicit_opt_out(*reloaded);
-      gateway.apply(std::move(reloaded));
+      sluice::set_log_level(reloaded->log.level);
+      auto restart_required = gateway.apply(std::move(reloaded));
       spdlog::info("config reloaded from {}", path);
-      return {};
+      if (!restart_required.empty()) {
+        std::string settings;
+        for (const auto& setting : restart_required) {
+          settings += settings.empty() ? "" : ", ";
+          settings += setting;
+        }
+        spdlog::warn(
+            "config reload: these changed settings take effect only at restart and "
+            "keep their running values: {}",
+            settings);
+      }
+      return {{}, std::move(restart_required)};
     } catch (const sluice::config::ConfigError& error) {
       spdlog::error("config reload rejected, still serving the previous one: {}", error.what());
-      return error.what();
+      return {error.what(), {}};
     }
   };
   gateway.set_reload_handler(reload);

@@ -12,8 +12,10 @@ void init_logging(const std::string& level) {
   if (!spdlog::thread_pool()) spdlog::init_thread_pool(1024, 1);
   auto logger = spdlog::create_async_nb<spdlog::sinks::stderr_sink_mt>("sluice");
   spdlog::set_default_logger(logger);
-  spdlog::set_level(spdlog::level::from_str(level));
+  set_log_level(level);
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
 }
+
+void set_log_level(const std::string& level) { spdlog::set_level(spdlog::level::from_str(level)); }
 
 }  // namespace sluice

@@ -1195,4 +1195,27 @@ void require_auth_or_explicit_opt_out(const Config& config) {
   fail("auth", std::string(kNoKeysMessage), auth.line);
 }
 
+std::vector<std::string> start_only_changes(const Config& running, const Config& loaded) {
+  std::vector<std::string> changed;
+  const auto note = [&](bool differs, const char* path) {
+    if (differs) changed.emplace_back(path);
+  };
+  const auto& was = running.server;
+  const auto& now = loaded.server;
+  note(was.listen_host != now.listen_host || was.listen_port != now.listen_port, "server.listen");
+  note(was.threads != now.threads, "server.threads");
+  note(was.busy_poll != now.busy_poll, "server.busy_poll_us");
+  note(was.admin_enabled != now.admin_enabled ||
+           (now.admin_enabled &&
+            (was.admin_host != now.admin_host || was.admin_port != now.admin_port)),
+       "server.admin_listen");
+  note(running.upstream.max_idle_per_origin != loaded.upstream.max_idle_per_origin,
+       "upstream.max_idle_per_origin");
+  note(running.upstream.idle_expiry != loaded.upstream.idle_expiry, "upstream.idle_expiry");
+  note(running.upstream.dns_ttl != loaded.upstream.dns_ttl, "upstream.dns_ttl");
+  note(running.log.format != loaded.log.format, "log.format");
+  note(running.log.access_log != loaded.log.access_log, "log.access_log");
+  return changed;
+}
+
 }  // namespace sluice::config

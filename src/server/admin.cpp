@@ -93,13 +93,15 @@ net::awaitable<void> serve_admin_connection(Gateway& gateway, net::ip::tcp::sock
     } else if (target == "/admin/routes" && request.method() == http::verb::get) {
       response.body() = render_routes(gateway);
     } else if (target == "/admin/reload" && request.method() == http::verb::post) {
-      std::string error = gateway.reload();
-      if (error.empty()) {
-        response.body() = R"({"reloaded":true})";
+      auto outcome = gateway.reload();
+      if (outcome.error.empty()) {
+        response.body() =
+            nlohmann::json{{"reloaded", true}, {"restart_required", outcome.restart_required}}
+                .dump();
       } else {
         response.result(http::status::unprocessable_entity);
         response.body() =
-            ApiError{422, error, "invalid_request_error", "", "invalid_config"}.to_json();
+            ApiError{422, outcome.error, "invalid_request_error", "", "invalid_config"}.to_json();
       }
     } else if (target == "/health") {
       response.body() = R"({"status":"ok"})";

@@ -170,9 +170,11 @@ Gateway::Gateway(config::ConfigPtr config)
   snapshot_.store(Snapshot::build(config, *metrics_));
 }
 
-std::string Gateway::reload() {
+ReloadOutcome Gateway::reload() {
   std::lock_guard lock(reload_mutex_);
-  if (!reload_handler_) return "reload is not available: the gateway was not started from a file";
+  if (!reload_handler_) {
+    return {"reload is not available: the gateway was not started from a file", {}};
+  }
   return reload_handler_();
 }
 
@@ -184,14 +186,15 @@ std::string Gateway::listen_url() const {
          std::to_string(bound_port_);
 }
 
-void Gateway::apply(config::ConfigPtr config) {
+std::vector<std::string> Gateway::apply(config::ConfigPtr config) {
   auto previous = snapshot_.load();
-  snapshot_.store(Snapshot::build(std::move(config), *metrics_, previous.get()));
+  snapshot_.store(Snapshot::build(config, *metrics_, previous.get()));
   std::lock_guard lock(lifecycle_mutex_);
-  if (!running_) return;
+  if (!running_) return {};
   for (auto& worker : workers_) {
     net::post(worker->context(), [w = worker.get()] { w->keep_warm(); });
   }
+  return config::start_only_changes(*started_with_, *config);
 }
 
 namespace {
@@ -311,6 +314,7 @@ void Gateway::start() {
   std::lock_guard lock(lifecycle_mutex_);
   if (running_) return;
   auto config = snapshot()->config;
+  started_with_ = config;
   unsigned threads = std::max(1u, config->server.threads);
   for (unsigned i = 0; i < threads; ++i) workers_.push_back(std::make_unique<Worker>(*this, i));
 

@@ -164,6 +164,90 @@ TEST(SluiceBinary, SighupReloadsAndSigtermDrainsStreamsThenExitsZero) {
   EXPECT_EQ(sluice.wait_exit(10s), 0);
 }
 
+std::size_t occurrences(const std::string& text, const std::string& part) {
+  std::size_t count = 0;
+  for (auto at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++count;
+  return count;
+}
+
+// The admin port sluice chose, from its start-up line.
+std::optional<std::uint16_t> admin_port_of(const ChildProcess& sluice) {
+  constexpr std::string_view kAdminPort = "admin on port ";
+  std::optional<std::uint16_t> port;
+  eventually(
+      [&] {
+        const auto logs = sluice.standard_error();
+        const auto at = logs.find(kAdminPort);
+        if (at == std::string::npos) return false;
+        port = static_cast<std::uint16_t>(std::stoul(logs.substr(at + kAdminPort.size())));
+        return true;
+      },
+      10s);
+  return port;
+}
+
+TEST(SluiceBinary, ReloadNamesChangedSettingsThatWaitForARestartAndAppliesTheLogLevel) {
+  const std::string binary = sluice_binary();
+  if (binary.empty()) GTEST_SKIP() << "sluice binary not found; set SLUICE_BINARY";
+  auto upstream = start_mock({});
+  auto config_text = [&](unsigned threads, const std::string& level) {
+    return "server:\n  listen: 127.0.0.1:0\n  admin_listen: 127.0.0.1:0\n  threads: " +
+           std::to_string(threads) + "\n  drain_timeout: 5s\nlog:\n  level: " + level +
+           "\n  access_log: off\nauth:\n  disabled: true\n"
+           "models:\n  - name: chat\n    deployments:\n" +
+           deployment_yaml("d1", upstream->base_url());
+  };
+  TempFile config(config_text(1, "info"), ".yaml");
+  ChildProcess sluice(binary, {"--config", config.path()});
+  auto port = sluice.wait_for_listening_port(kListeningPrefix, 10s);
+  ASSERT_TRUE(port) << sluice.standard_error();
+  auto admin_port = admin_port_of(sluice);
+  ASSERT_TRUE(admin_port) << sluice.standard_error();
+  auto reload = [&] { return http_request(*admin_port, "POST", "/admin/reload"); };
+  constexpr std::string_view kReloaded = "config reloaded from";
+  constexpr std::string_view kRestartOnly =
+      "take effect only at restart and keep their running values: server.threads";
+
+  // The same file: nothing waits for a restart.
+  auto same = reload();
+  EXPECT_EQ(same.status, 200u) << same.body;
+  EXPECT_EQ(json::parse(same.body), json::parse(R"({"reloaded":true,"restart_required":[]})"));
+  EXPECT_TRUE(eventually(
+      [&] { return occurrences(sluice.standard_error(), std::string(kReloaded)) == 1; }, 5s));
+  EXPECT_EQ(occurrences(sluice.standard_error(), std::string(kRestartOnly)), 0u);
+
+  // Another thread count is reported, and the new level applies at once: at
+  // "warn" this reload's info line is not written. It would have been queued
+  // before the warning, which is waited for.
+  std::ofstream(config.path()) << config_text(2, "warn");
+  auto changed = reload();
+  EXPECT_EQ(changed.status, 200u) << changed.body;
+  EXPECT_EQ(json::parse(changed.body),
+            json::parse(R"({"reloaded":true,"restart_required":["server.threads"]})"));
+  EXPECT_TRUE(eventually(
+      [&] { return occurrences(sluice.standard_error(), std::string(kRestartOnly)) == 1; }, 5s))
+      << sluice.standard_error();
+  EXPECT_EQ(occurrences(sluice.standard_error(), std::string(kReloaded)), 1u)
+      << sluice.standard_error();
+
+  // SIGHUP says the same, and "info" writes the info line again. The thread
+  // count is still not the one sluice started with.
+  std::ofstream(config.path()) << config_text(2, "info");
+  sluice.signal(SIGHUP);
+  EXPECT_TRUE(eventually(
+      [&] {
+        const auto logs = sluice.standard_error();
+        return occurrences(logs, std::string(kReloaded)) == 2 &&
+               occurrences(logs, std::string(kRestartOnly)) == 2;
+      },
+      5s))
+      << sluice.standard_error();
+  EXPECT_EQ(http_request(*port, "POST", "/v1/chat/completions", chat_body("chat", false)).status,
+            200u);
+  sluice.signal(SIGTERM);
+  EXPECT_EQ(sluice.wait_exit(10s), 0);
+}
+
 TEST(SluiceBinary, WithBusyPollingItServesSaysSoAndStopsOnSigterm) {
   const std::string binary = sluice_binary();
   if (binary.empty()) GTEST_SKIP() << "sluice binary not found; set SLUICE_BINARY";

@@ -8,4 +8,7 @@ namespace sluice {
 // full the oldest message is dropped rather than blocking an event loop.
 void init_logging(const std::string& level);
 
+// Changes the level of the installed logger (log.level, on a reload).
+void set_log_level(const std::string& level);
+
 }  // namespace sluice

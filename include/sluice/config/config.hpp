@@ -256,6 +256,13 @@ ConfigPtr load_string(const std::string& yaml_text, EnvLookup env = process_env)
 // section that is present but lists no keys is already rejected by load.
 void require_auth_or_explicit_opt_out(const Config& config);
 
+// The settings a gateway takes once, when it starts: its listeners, worker
+// threads and busy polling, its connection pools, DNS cache and access log.
+// Returns the YAML paths of those that differ between `running` and
+// `loaded`, in the order the sections are documented; a reload keeps their
+// running values until a restart.
+std::vector<std::string> start_only_changes(const Config& running, const Config& loaded);
+
 // "250ms", "2s", "1m", "1.5s" -> milliseconds; nullopt when malformed.
 std::optional<Duration> parse_duration(const std::string& text);
 

@@ -121,6 +121,14 @@ class Worker {
   std::thread thread_;
 };
 
+// What a config reload came to.
+struct ReloadOutcome {
+  std::string error;  // why the new config was refused; "" when it was applied
+  // Settings the new config changes that the gateway took at start (see
+  // Gateway::apply): they keep their running values until a restart.
+  std::vector<std::string> restart_required;
+};
+
 // The whole server: listener, workers, the current config snapshot. Used by
 // the binary and, in-process, by the integration tests.
 class Gateway {
@@ -145,7 +153,9 @@ class Gateway {
 
   std::shared_ptr<const Snapshot> snapshot() const { return snapshot_.load(); }
   // Replaces the snapshot for new requests; in-flight ones finish on theirs.
-  void apply(config::ConfigPtr config);
+  // Returns the YAML paths of the settings taken at start that `config`
+  // changes (config::start_only_changes), which keep their running values.
+  std::vector<std::string> apply(config::ConfigPtr config);
 
   std::atomic<unsigned>& open_connections() { return open_connections_; }
   metrics::Registry& registry() { return registry_; }
@@ -153,12 +163,12 @@ class Gateway {
   metrics::AccessLog& access_log() { return *access_log_; }
   // The admin listener's port (0 when it is off).
   std::uint16_t admin_port() const { return admin_port_; }
-  // What POST /admin/reload runs; returns "" on success or the error. The
-  // binary sets it to re-read its config file.
-  void set_reload_handler(std::function<std::string()> handler) {
+  // What SIGHUP and POST /admin/reload run. The binary sets it to re-read
+  // its config file.
+  void set_reload_handler(std::function<ReloadOutcome()> handler) {
     reload_handler_ = std::move(handler);
   }
-  std::string reload();
+  ReloadOutcome reload();
   upstream::DnsCache& dns() { return dns_; }
   upstream::TlsContexts& tls() { return tls_; }
   std::vector<std::unique_ptr<Worker>>& workers() { return workers_; }
@@ -181,7 +191,7 @@ class Gateway {
   std::thread admin_thread_;
   std::unique_ptr<boost::asio::ip::tcp::acceptor> admin_acceptor_;
   std::uint16_t admin_port_ = 0;
-  std::function<std::string()> reload_handler_;
+  std::function<ReloadOutcome()> reload_handler_;
   std::mutex reload_mutex_;
   std::uint16_t bound_port_ = 0;
   std::string bound_host_;
@@ -190,6 +200,8 @@ class Gateway {
   std::atomic<unsigned> next_worker_{0};
   std::mutex lifecycle_mutex_;
   bool running_ = false;
+  // The config start() took its listeners, threads and pools from.
+  config::ConfigPtr started_with_;
 };
 
 }  // namespace sluice::server
