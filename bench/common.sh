@@ -1,0 +1,77 @@
+# Shared by bench/run and bench/profile; sourced, not run.
+
+# Whether nothing listens on 127.0.0.1:PORT.
+port_is_free() {
+  ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# Waits up to SECONDS (default 5) for something to listen on 127.0.0.1:PORT.
+wait_for_port() {
+  for _ in $(seq $((${2:-5} * 20))); do
+    if ! port_is_free "$1"; then return 0; fi
+    sleep 0.05
+  done
+  return 1
+}
+
+# An unused port to give a server that cannot choose its own (nginx).
+# Another process may still take it first: callers retry when the server
+# does not come up.
+free_port() {
+  local port
+  for _ in $(seq 20); do
+    port=$((20000 + RANDOM % 40000))
+    if port_is_free "$port"; then
+      echo "$port"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# Usage: write_nginx_conf DIR PORT MOCK_PORT WORKERS [MASTER]
+# Writes DIR/nginx.conf: nginx as the reference reverse proxy, on
+# 127.0.0.1:PORT in front of the mock on MOCK_PORT, with WORKERS worker
+# processes (MASTER "off" runs the one worker as the only process, for
+# callgrind). Upstream keepalive as sluice pools its connections; buffering
+# off so streamed events are relayed as they come, as sluice does.
+# Everything nginx writes stays in DIR.
+write_nginx_conf() {
+  local dir=$1 port=$2 mock_port=$3 workers=$4 master=${5:-on}
+  cat >"$dir/nginx.conf" <<EOF
+worker_processes $workers;
+master_process $master;
+daemon off;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+worker_rlimit_nofile 65536;
+events {
+  worker_connections 20000;
+}
+http {
+  access_log off;
+  tcp_nodelay on;
+  keepalive_requests 1000000;
+  client_body_temp_path $dir/client_body;
+  proxy_temp_path $dir/proxy;
+  fastcgi_temp_path $dir/fastcgi;
+  uwsgi_temp_path $dir/uwsgi;
+  scgi_temp_path $dir/scgi;
+  upstream mock {
+    server 127.0.0.1:$mock_port;
+    keepalive 64;
+    keepalive_requests 1000000;
+  }
+  server {
+    listen 127.0.0.1:$port;
+    location / {
+      proxy_pass http://mock;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_read_timeout 60s;
+    }
+  }
+}
+EOF
+}
