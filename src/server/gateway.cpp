@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "sluice/common/json_scan.hpp"
+#include "sluice/common/relay_socket.hpp"
 #include "sluice/server/admin.hpp"
 #include "sluice/server/session.hpp"
 
@@ -327,6 +328,7 @@ void Gateway::start() {
   acceptor_->bind(endpoint);
   acceptor_->listen(net::socket_base::max_listen_connections);
   acceptor_->non_blocking(true);
+  prepare_relay_listener(*acceptor_);
   bound_port_ = acceptor_->local_endpoint().port();
   bound_host_ = acceptor_->local_endpoint().address().to_string();
 

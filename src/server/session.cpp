@@ -100,7 +100,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
   auto& gateway = worker.gateway();
   // The next read after a request (most often the watch's, started before
   // the client could send more) then waits for readiness without trying.
-  prepare_relay_socket(socket);
+  prepare_accepted_relay_socket(socket);
   beast::tcp_stream client(std::move(socket));
   beast::flat_buffer buffer;
   // The read buffer is small to start with: a held stream's events are

@@ -228,7 +228,7 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
   }
   // A stream's reads then wait for the next event without first finding
   // the socket empty: one system call fewer per relayed event.
-  prepare_relay_socket(tcp.socket());
+  prepare_connected_relay_socket(tcp.socket());
   timing.connected = Clock::now();
 
   if (auto* tls = connection->tls_stream()) {

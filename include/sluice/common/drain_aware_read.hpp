@@ -67,11 +67,15 @@ template <class Token>
 auto drain_aware_read_some(boost::asio::ip::tcp::socket& socket, boost::asio::mutable_buffer buffer,
                            Token&& token, ReadStart start = ReadStart::try_at_once);
 
-// Sets TCP_INQ on `socket`, so that its reads can tell when they emptied it.
-inline void enable_drain_tracking(boost::asio::ip::tcp::socket& socket) {
+// Sets TCP_INQ on a socket, so that its reads can tell when they emptied it
+// (on a listener: on the connections it accepts).
+inline void enable_drain_tracking(int descriptor) {
   const int on = 1;
   // Without it (an old kernel), reads simply try before they wait.
-  ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_INQ, &on, sizeof on);
+  ::setsockopt(descriptor, IPPROTO_TCP, TCP_INQ, &on, sizeof on);
+}
+inline void enable_drain_tracking(boost::asio::ip::tcp::socket& socket) {
+  enable_drain_tracking(socket.native_handle());
 }
 
 #if BOOST_VERSION == 108100 && defined(BOOST_ASIO_HAS_EPOLL) && \
