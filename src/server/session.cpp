@@ -112,6 +112,8 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
   ClientConnection tracked{&client.socket()};
   worker.track(&tracked);
 
+  // Whether the client ended the connection between requests.
+  bool client_left = false;
   for (bool first = true;; first = false) {
     auto snapshot = gateway.snapshot();
     const auto& limits = snapshot->config->server;
@@ -148,6 +150,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     }
     tracked.idle = false;
     if (head_ec) {
+      client_left = head_ec == http::error::end_of_stream;
       co_await answer_unreadable(client, head_ec, limits);
       break;
     }
@@ -188,7 +191,13 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
 
   worker.untrack(&tracked);
   watch.cancel();
-  co_await close_gracefully(client);
+  if (client_left) {
+    // Nothing more can come that would turn the close into a reset: no
+    // half-close and draining first (two system calls per connection).
+    client.close();
+  } else {
+    co_await close_gracefully(client);
+  }
   gateway.open_connections().fetch_sub(1, std::memory_order_relaxed);
 }
 
