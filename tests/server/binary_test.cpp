@@ -131,8 +131,15 @@ TEST(SluiceBinary, SighupReloadsAndSigtermDrainsStreamsThenExitsZero) {
   ChildProcess sluice(binary, {"--config", config.path()});
   auto port = sluice.wait_for_listening_port(kListeningPrefix, 10s);
   ASSERT_TRUE(port) << sluice.standard_error();
+  // 0 when the request failed; the failure shows what sluice logged.
   auto status_of = [&](const std::string& model) {
-    return http_request(*port, "POST", "/v1/chat/completions", chat_body(model, false)).status;
+    try {
+      return http_request(*port, "POST", "/v1/chat/completions", chat_body(model, false)).status;
+    } catch (const std::exception& error) {
+      ADD_FAILURE() << "request for " << model << ": " << error.what() << "\nsluice's log:\n"
+                    << sluice.standard_error();
+      return 0u;
+    }
   };
   ASSERT_EQ(status_of("first"), 200u);
   ASSERT_EQ(status_of("second"), 404u);
