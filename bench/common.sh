@@ -14,6 +14,24 @@ wait_for_port() {
   return 1
 }
 
+# Usage: listening_url FILE [SECONDS] [PID]
+# Prints the URL of the first "... listening on http://HOST:PORT" line a
+# server wrote to FILE, waiting up to SECONDS (default 10) for it, or until
+# PID (when given) has exited; returns 1 when none came.
+listening_url() {
+  local file=$1 tries=$((${2:-10} * 10)) pid=${3:-} url
+  for _ in $(seq "$tries"); do
+    url=$(grep -o 'listening on http://[^ ]*' "$file" 2>/dev/null | head -n1 | cut -d' ' -f3 || true)
+    if [ -n "$url" ]; then
+      echo "$url"
+      return 0
+    fi
+    if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then return 1; fi
+    sleep 0.1
+  done
+  return 1
+}
+
 # An unused port to give a server that cannot choose its own (nginx).
 # Another process may still take it first: callers retry when the server
 # does not come up.
