@@ -1,9 +1,5 @@
 #pragma once
 
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-
 #include <boost/asio/ip/tcp.hpp>
 
 #include "sluice/common/drain_aware_read.hpp"
@@ -69,7 +65,7 @@ inline void prepare_connected_relay_socket(boost::asio::ip::tcp::socket& socket)
   error_code ignored;
   socket.set_option(boost::asio::ip::tcp::no_delay(true), ignored);
   take_as_non_blocking(socket);
-  enable_drain_tracking(socket.native_handle());
+  enable_drain_tracking(socket);
 }
 
 }  // namespace sluice
