@@ -113,9 +113,11 @@ class Worker {
   upstream::Pool pool_;
   upstream::Client client_;
   // One thread runs it and only that thread touches its sockets and timers
-  // (new connections are handed over as descriptors), so the reactor's
-  // per-socket locks are switched off; posting from other threads stays safe.
+  // (each worker accepts its own connections), so the reactor's per-socket
+  // locks are switched off; posting from other threads stays safe.
   boost::asio::io_context context_{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
+  // This worker's listening socket; see Gateway::start.
+  std::unique_ptr<boost::asio::ip::tcp::acceptor> listener_;
   Xorshift64Star random_;  // per worker: no shared state on the request path
   EventLoopCounters loop_counters_;
   std::thread thread_;
@@ -129,7 +131,7 @@ struct ReloadOutcome {
   std::vector<std::string> restart_required;
 };
 
-// The whole server: listener, workers, the current config snapshot. Used by
+// The whole server: listeners, workers, the current config snapshot. Used by
 // the binary and, in-process, by the integration tests.
 class Gateway {
  public:
@@ -174,8 +176,6 @@ class Gateway {
   std::vector<std::unique_ptr<Worker>>& workers() { return workers_; }
 
  private:
-  void accept_loop_start();
-
   // Declared first: snapshots hold handles into the registry.
   metrics::Registry registry_;
   std::unique_ptr<metrics::GatewayMetrics> metrics_;
@@ -184,7 +184,6 @@ class Gateway {
   upstream::DnsCache dns_;
   upstream::TlsContexts tls_;
   std::vector<std::unique_ptr<Worker>> workers_;
-  std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
   // The admin listener has a thread of its own, so rendering metrics or
   // loading a config file never holds up an event loop that serves clients.
   std::unique_ptr<boost::asio::io_context> admin_context_;
@@ -197,7 +196,6 @@ class Gateway {
   std::string bound_host_;
   std::atomic<unsigned> open_connections_{0};
   std::atomic<bool> draining_{false};
-  std::atomic<unsigned> next_worker_{0};
   std::mutex lifecycle_mutex_;
   bool running_ = false;
   // The config start() took its listeners, threads and pools from.

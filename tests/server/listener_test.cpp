@@ -1,0 +1,108 @@
+// How the gateway takes connections: each worker listens for itself, a port
+// another process holds is refused, and the connection limit holds across
+// workers.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "support/gateway_fixture.hpp"
+#include "support/http_client.hpp"
+
+namespace sluice::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Sockets listening on 127.0.0.1:`port`, as /proc/net/tcp lists them: one
+// line per socket, local address in hex, state 0A for LISTEN.
+int listening_sockets_on(std::uint16_t port) {
+  std::ifstream table("/proc/net/tcp");
+  std::ostringstream local;
+  local << "0100007F:" << std::uppercase << std::hex;
+  local.width(4);
+  local.fill('0');
+  local << port;
+  int count = 0;
+  std::string line;
+  std::getline(table, line);  // the column names
+  while (std::getline(table, line)) {
+    std::istringstream fields(line);
+    std::string slot, local_address, remote_address, state;
+    fields >> slot >> local_address >> remote_address >> state;
+    if (local_address == local.str() && state == "0A") ++count;
+  }
+  return count;
+}
+
+std::string gateway_yaml(const std::string& server, const std::string& upstream_url) {
+  return "server:\n" + server + "models:\n  - name: chat\n    deployments:\n" +
+         deployment_yaml("d1", upstream_url, kNoWarmConnections);
+}
+
+TEST(Listener, EveryWorkerListensAndServesConnectionsOfItsOwn) {
+  auto upstream = start_mock();
+  TestGateway gateway(gateway_yaml("  listen: 127.0.0.1:0\n  threads: 3\n", upstream->base_url()));
+  EXPECT_EQ(listening_sockets_on(gateway.port()), 3);
+
+  // The kernel spreads connections over the listeners by their addresses:
+  // 60 connections all reaching one worker of three would be a 1 in 10^28
+  // chance.
+  for (int i = 0; i < 60; ++i) {
+    HttpConnection client(gateway.port());
+    auto response = client.request("POST", "/v1/chat/completions", chat_body("chat", false));
+    ASSERT_EQ(response.status, 200u) << response.body;
+  }
+  // Each worker has a pool of its own, so a worker that served a request
+  // opened an upstream connection.
+  for (auto& worker : gateway.gateway().workers()) {
+    EXPECT_GT(worker->pool().counters().opened.load(), 0u) << "worker " << worker->index();
+  }
+}
+
+TEST(Listener, APortAnotherGatewayListensOnIsRefused) {
+  auto upstream = start_mock();
+  TestGateway first(gateway_yaml("  listen: 127.0.0.1:0\n  threads: 2\n", upstream->base_url()));
+  const std::string taken = "  listen: 127.0.0.1:" + std::to_string(first.port()) + "\n";
+  // Both sets of listeners would share their port if asked: the second
+  // gateway must still find it taken rather than take half the connections.
+  for (const std::string threads : {"2", "1"}) {
+    auto config = config::load_string(gateway_yaml(
+        taken + "  threads: " + threads + "\n  admin_listen: off\n", upstream->base_url()));
+    server::Gateway second(config);
+    EXPECT_THROW(second.start(), std::exception) << "threads: " << threads;
+  }
+  EXPECT_EQ(listening_sockets_on(first.port()), 2);
+  EXPECT_EQ(http_request(first.port(), "GET", "/health").status, 200u);
+}
+
+TEST(Listener, TheConnectionLimitCountsTheConnectionsOfAllWorkers) {
+  auto upstream = start_mock();
+  TestGateway gateway(gateway_yaml("  listen: 127.0.0.1:0\n  threads: 2\n  max_connections: 4\n",
+                                   upstream->base_url()));
+  std::vector<std::unique_ptr<HttpConnection>> held;
+  for (int i = 0; i < 4; ++i) {
+    held.push_back(std::make_unique<HttpConnection>(gateway.port()));
+    ASSERT_EQ(held.back()->request("GET", "/health").status, 200u);
+  }
+  for (int i = 0; i < 6; ++i) {
+    HttpConnection over(gateway.port());
+    auto refused = over.request("GET", "/health");
+    EXPECT_EQ(refused.status, 503u);
+    auto error = nlohmann::json::parse(refused.body, nullptr, false);
+    ASSERT_TRUE(error.contains("error")) << refused.body;
+    EXPECT_EQ(error["error"]["code"], "overloaded");
+  }
+  // A held connection that ends makes room for a new one.
+  held.pop_back();
+  EXPECT_TRUE(eventually(
+      [&] { return http_request(gateway.port(), "GET", "/health").status == 200u; }, 5s));
+}
+
+}  // namespace
+}  // namespace sluice::testing
