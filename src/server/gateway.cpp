@@ -13,6 +13,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <cerrno>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <utility>
@@ -72,7 +73,19 @@ Worker::Worker(Gateway& gateway, unsigned index)
       pool_(upstream::PoolOptions{gateway.snapshot()->config->upstream.max_idle_per_origin,
                                   gateway.snapshot()->config->upstream.idle_expiry}),
       client_(upstream::ClientDeps{pool_, gateway.dns(), gateway.tls()}),
-      random_(std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32)) {}
+      random_(std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32)) {
+  take_snapshot(gateway.snapshot());
+}
+
+void Worker::take_snapshot(std::shared_ptr<const Snapshot> snapshot) {
+  // Requests copy the worker's handle, and a copy of the gateway's would
+  // move that handle's count between cores on every request. This handle
+  // has a count of its own that only this thread touches, and keeps the
+  // gateway's alive.
+  auto holder = std::make_shared<std::shared_ptr<const Snapshot>>(std::move(snapshot));
+  const Snapshot* shared = holder->get();
+  snapshot_ = std::shared_ptr<const Snapshot>(std::move(holder), shared);
+}
 
 Worker::~Worker() {
   context_.stop();
@@ -96,7 +109,7 @@ void Worker::keep_warm() {
     std::chrono::milliseconds connect_timeout{0};
   };
   std::unordered_map<std::string, Wanted> wanted;
-  auto snapshot = gateway_.snapshot();
+  auto snapshot = snapshot_;
   for (const auto& model : snapshot->config->models) {
     for (const auto& deployment : model.deployments) {
       if (deployment.warm_connections == 0) continue;
@@ -167,7 +180,7 @@ Gateway::Gateway(config::ConfigPtr config)
   };
   metrics_ = std::make_unique<metrics::GatewayMetrics>(registry_, std::move(sources));
   access_log_ = std::make_unique<metrics::AccessLog>(access_log_options(*config));
-  snapshot_.store(Snapshot::build(config, *metrics_));
+  snapshot_ = Snapshot::build(config, *metrics_);
 }
 
 ReloadOutcome Gateway::reload() {
@@ -187,13 +200,26 @@ std::string Gateway::listen_url() const {
 }
 
 std::vector<std::string> Gateway::apply(config::ConfigPtr config) {
-  auto previous = snapshot_.load();
-  snapshot_.store(Snapshot::build(config, *metrics_, previous.get()));
+  auto next = Snapshot::build(config, *metrics_, snapshot().get());
+  {
+    std::lock_guard lock(snapshot_mutex_);
+    snapshot_ = next;
+  }
   std::lock_guard lock(lifecycle_mutex_);
   if (!running_) return {};
+  // The workers keep running while the lifecycle lock is held (only stop()
+  // ends them), so each task below runs and the wait ends.
+  std::vector<std::future<void>> taken;
   for (auto& worker : workers_) {
-    net::post(worker->context(), [w = worker.get()] { w->keep_warm(); });
+    std::promise<void> promise;
+    taken.push_back(promise.get_future());
+    net::post(worker->context(), [w = worker.get(), next, promise = std::move(promise)]() mutable {
+      w->take_snapshot(next);
+      w->keep_warm();
+      promise.set_value();
+    });
   }
+  for (auto& done : taken) done.wait();
   return config::start_only_changes(*started_with_, *config);
 }
 
@@ -212,7 +238,7 @@ void admit(Gateway& gateway, Worker& worker, int descriptor, const tcp& protocol
     return;
   }
   auto& open = gateway.open_connections();
-  const auto limit = gateway.snapshot()->config->server.max_connections;
+  const auto limit = worker.snapshot()->config->server.max_connections;
   if (open.fetch_add(1, std::memory_order_relaxed) >= limit) {
     open.fetch_sub(1, std::memory_order_relaxed);
     net::co_spawn(worker.context(), refuse_connection(std::move(socket)), net::detached);

@@ -115,7 +115,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
   // Whether the client ended the connection between requests.
   bool client_left = false;
   for (bool first = true;; first = false) {
-    auto snapshot = gateway.snapshot();
+    auto snapshot = worker.snapshot();
     const auto& limits = snapshot->config->server;
     ClientRequest request;
     request.header_limit(static_cast<std::uint32_t>(limits.max_header_bytes));

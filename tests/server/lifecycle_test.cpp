@@ -1,6 +1,7 @@
 // Graceful shutdown and config reload of a running gateway.
 #include <gtest/gtest.h>
 
+#include <boost/asio/post.hpp>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -85,6 +86,38 @@ TEST(Lifecycle, AppliedConfigServesNewRequestsWhileInFlightOnesFinish) {
       http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
   EXPECT_EQ(fresh.header("x-sluice-deployment"), "new");
   EXPECT_EQ(sse_data(in_flight.read_rest_of_body()).back(), "[DONE]");
+}
+
+TEST(Lifecycle, ApplyReturnsOnceEveryWorkerHasTheNewConfig) {
+  auto upstream = start_mock();
+  auto config_for = [&](const std::string& id) {
+    return "server:\n  listen: 127.0.0.1:0\n  threads: 2\nmodels:\n  - name: chat\n"
+           "    deployments:\n" +
+           deployment_yaml(id, upstream->base_url());
+  };
+  TestGateway gateway(config_for("old"));
+  // The first worker is busy when the new config arrives, so it can take
+  // the config only after that.
+  auto& busy = *gateway.gateway().workers().front();
+  std::promise<void> started;
+  boost::asio::post(busy.context(), [&started] {
+    started.set_value();
+    std::this_thread::sleep_for(200ms);
+  });
+  started.get_future().wait();
+
+  auto applied = config::load_string(config_for("new"));
+  gateway.gateway().apply(applied);
+  // Read from this thread: apply's return orders the workers' replacement
+  // before these reads.
+  for (auto& worker : gateway.gateway().workers()) {
+    EXPECT_EQ(worker->snapshot()->config, applied) << "worker " << worker->index();
+  }
+  for (int i = 0; i < 8; ++i) {
+    auto response =
+        http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
+    EXPECT_EQ(response.header("x-sluice-deployment"), "new");
+  }
 }
 
 }  // namespace

@@ -84,6 +84,9 @@ class Worker {
   std::uint64_t next_random();
   // Counted only while busy polling is configured.
   const EventLoopCounters& loop_counters() const { return loop_counters_; }
+  // The snapshot requests on this worker start with. Read and replaced on
+  // the worker's own thread only (Gateway::apply posts the new one).
+  const std::shared_ptr<const Snapshot>& snapshot() const { return snapshot_; }
 
   // Called on the worker's own thread only.
   void track(ClientConnection* connection) { connections_.insert(connection); }
@@ -99,9 +102,11 @@ class Worker {
 
  private:
   friend class Gateway;
+  void take_snapshot(std::shared_ptr<const Snapshot> snapshot);
   boost::asio::awaitable<void> warm_one(std::string origin_key, upstream::Origin origin,
                                         std::chrono::milliseconds connect_timeout);
 
+  std::shared_ptr<const Snapshot> snapshot_;
   std::unordered_set<ClientConnection*> connections_;
   // Connections being opened by keep_warm, per origin.
   std::unordered_map<std::string, unsigned> warming_;
@@ -153,8 +158,15 @@ class Gateway {
   std::uint16_t port() const { return bound_port_; }
   std::string listen_url() const;
 
-  std::shared_ptr<const Snapshot> snapshot() const { return snapshot_.load(); }
+  // The current snapshot, for threads other than the workers (admin,
+  // reload, tests); a worker reads its own copy, Worker::snapshot().
+  std::shared_ptr<const Snapshot> snapshot() const {
+    std::lock_guard lock(snapshot_mutex_);
+    return snapshot_;
+  }
   // Replaces the snapshot for new requests; in-flight ones finish on theirs.
+  // Returns once every worker has the new one, so a request sent after it
+  // returns is served by `config`; a worker must therefore never call it.
   // Returns the YAML paths of the settings taken at start that `config`
   // changes (config::start_only_changes), which keep their running values.
   std::vector<std::string> apply(config::ConfigPtr config);
@@ -180,7 +192,13 @@ class Gateway {
   metrics::Registry registry_;
   std::unique_ptr<metrics::GatewayMetrics> metrics_;
   std::unique_ptr<metrics::AccessLog> access_log_;
-  std::atomic<std::shared_ptr<const Snapshot>> snapshot_;
+  // Not a std::atomic<std::shared_ptr>: libstdc++ 12's load() releases its
+  // internal lock with a relaxed store, so its read of the pointer is not
+  // ordered before the next store's write (ThreadSanitizer reports it; on a
+  // weakly ordered CPU a load could pair the new pointer with the old
+  // count). Requests do not read this one anyway (Worker::snapshot).
+  mutable std::mutex snapshot_mutex_;
+  std::shared_ptr<const Snapshot> snapshot_;
   upstream::DnsCache dns_;
   upstream::TlsContexts tls_;
   std::vector<std::unique_ptr<Worker>> workers_;
