@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <future>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <utility>
 
@@ -225,45 +226,86 @@ std::vector<std::string> Gateway::apply(config::ConfigPtr config) {
 
 namespace {
 
-// Serves a connection this worker's listener gave it, or answers 503 when the
-// gateway holds server.max_connections already. The count is taken before
-// the check, so workers admitting at the same time cannot pass it together.
-void admit(Gateway& gateway, Worker& worker, int descriptor, const tcp& protocol) {
-  tcp::socket socket(worker.context());
-  error_code ec;
-  socket.assign(protocol, descriptor, ec);
-  if (ec) {
-    ::close(descriptor);
-    spdlog::warn("could not take an accepted connection: {}", ec.message());
-    return;
+// A connection the listener took, not yet a socket. Its worker makes it one
+// on its own thread: worker contexts do not lock their sockets' reactor
+// state (see Worker::context_), so not even the registration of a new socket
+// may come from another thread.
+class AcceptedDescriptor {
+ public:
+  explicit AcceptedDescriptor(int descriptor) : descriptor_(descriptor) {}
+  AcceptedDescriptor(AcceptedDescriptor&& other) noexcept
+      : descriptor_(std::exchange(other.descriptor_, -1)) {}
+  AcceptedDescriptor& operator=(AcceptedDescriptor&&) = delete;
+  AcceptedDescriptor(const AcceptedDescriptor&) = delete;
+  AcceptedDescriptor& operator=(const AcceptedDescriptor&) = delete;
+  // Closed unless a socket took it (a worker that stopped first, say).
+  ~AcceptedDescriptor() {
+    if (descriptor_ >= 0) ::close(descriptor_);
   }
-  auto& open = gateway.open_connections();
-  const auto limit = worker.snapshot()->config->server.max_connections;
-  if (open.fetch_add(1, std::memory_order_relaxed) >= limit) {
-    open.fetch_sub(1, std::memory_order_relaxed);
-    net::co_spawn(worker.context(), refuse_connection(std::move(socket)), net::detached);
-    return;
+
+  // On the worker's thread: the socket that owns the connection from now.
+  std::optional<tcp::socket> into_socket(net::io_context& context, const tcp& protocol) {
+    tcp::socket socket(context);
+    error_code ec;
+    socket.assign(protocol, descriptor_, ec);
+    if (ec) {
+      spdlog::warn("could not take an accepted connection: {}", ec.message());
+      return std::nullopt;
+    }
+    descriptor_ = -1;
+    return socket;
   }
-  net::co_spawn(worker.context(), serve_connection(worker, std::move(socket)), net::detached);
+
+ private:
+  int descriptor_;
+};
+
+// Hands a connection to `worker`, to be served, or answered 503 when the
+// gateway holds server.max_connections already. Runs on the accepting
+// worker's thread, the only one that adds to the count.
+void admit(Gateway& gateway, const Worker& accepting, Worker& worker, AcceptedDescriptor accepted,
+           tcp protocol) {
+  const auto limit = accepting.snapshot()->config->server.max_connections;
+  const bool refused = gateway.open_connections().load(std::memory_order_relaxed) >= limit;
+  if (!refused) gateway.open_connections().fetch_add(1, std::memory_order_relaxed);
+  net::post(worker.context(), [&gateway, &worker, refused, protocol,
+                               accepted = std::move(accepted)]() mutable {
+    auto socket = accepted.into_socket(worker.context(), protocol);
+    if (!socket) {
+      if (!refused) gateway.open_connections().fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
+    if (refused) {
+      net::co_spawn(worker.context(), refuse_connection(std::move(*socket)), net::detached);
+    } else {
+      net::co_spawn(worker.context(), serve_connection(worker, std::move(*socket)), net::detached);
+    }
+  });
 }
 
 // Connections that arrive together are taken without waiting for each: at
-// most this many per wake-up, so the worker's other connections are not
-// starved during a burst.
+// most this many per wake-up, so the other connections of the accepting
+// worker are not starved during a burst.
 constexpr int kAcceptsPerWakeup = 64;
 
-net::awaitable<void> accept_connections(Gateway& gateway, Worker& worker, tcp::acceptor& listener) {
-  const tcp protocol = listener.local_endpoint().protocol();
+// One worker accepts for all and hands the connections round, so that each
+// worker serves as many as the others, whatever their addresses.
+net::awaitable<void> accept_connections(Gateway& gateway, const Worker& accepting,
+                                        tcp::acceptor& acceptor) {
+  auto& workers = gateway.workers();
+  const tcp protocol = acceptor.local_endpoint().protocol();
+  std::size_t next = 0;
   for (;;) {
-    auto [ec] = co_await listener.async_wait(tcp::acceptor::wait_read, as_tuple(use_awaitable));
-    if (ec == net::error::operation_aborted || !listener.is_open() || gateway.draining()) co_return;
+    auto [ec] = co_await acceptor.async_wait(tcp::acceptor::wait_read, as_tuple(use_awaitable));
+    if (ec == net::error::operation_aborted || !acceptor.is_open() || gateway.draining()) co_return;
     if (ec) spdlog::warn("waiting for connections failed: {}", ec.message());
     bool failed = static_cast<bool>(ec);
     for (int taken = 0; !failed && taken < kAcceptsPerWakeup;) {
       const int descriptor =
-          ::accept4(listener.native_handle(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+          ::accept4(acceptor.native_handle(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (descriptor >= 0) {
-        admit(gateway, worker, descriptor, protocol);
+        admit(gateway, accepting, *workers[next++ % workers.size()], AcceptedDescriptor(descriptor),
+              protocol);
         ++taken;
         continue;
       }
@@ -278,41 +320,10 @@ net::awaitable<void> accept_connections(Gateway& gateway, Worker& worker, tcp::a
       break;
     }
     if (failed) {
-      net::steady_timer pause(listener.get_executor(), std::chrono::milliseconds(10));
+      net::steady_timer pause(acceptor.get_executor(), std::chrono::milliseconds(10));
       co_await pause.async_wait(as_tuple(use_awaitable));
     }
   }
-}
-
-// A listening socket on `context`. With share_port several sockets bind the
-// same port (SO_REUSEPORT) and the kernel spreads new connections over them.
-std::unique_ptr<tcp::acceptor> open_listener(net::io_context& context,
-                                             const tcp::endpoint& endpoint, bool share_port) {
-  auto listener = std::make_unique<tcp::acceptor>(context);
-  listener->open(endpoint.protocol());
-  listener->set_option(net::socket_base::reuse_address(true));
-  if (share_port) {
-    listener->set_option(net::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>(true));
-  }
-  listener->bind(endpoint);
-  listener->listen(net::socket_base::max_listen_connections);
-  listener->non_blocking(true);
-  prepare_relay_listener(*listener);
-  return listener;
-}
-
-// The port a set of SO_REUSEPORT listeners is to share. A socket bound
-// without SO_REUSEPORT claims it first and is closed again: binding fails,
-// as it would for a single listener, when another process listens there --
-// even one whose listeners share their port too, which would otherwise
-// silently take part of the connections. A port of 0 becomes a free one.
-tcp::endpoint claim_port(net::io_context& context, tcp::endpoint endpoint) {
-  tcp::acceptor probe(context);
-  probe.open(endpoint.protocol());
-  probe.set_option(net::socket_base::reuse_address(true));
-  probe.bind(endpoint);
-  endpoint.port(probe.local_endpoint().port());
-  return endpoint;
 }
 
 net::awaitable<void> sweep_idle_connections(Worker& worker) {
@@ -342,21 +353,20 @@ void Gateway::start() {
   unsigned threads = std::max(1u, config->server.threads);
   for (unsigned i = 0; i < threads; ++i) workers_.push_back(std::make_unique<Worker>(*this, i));
 
-  // Each worker listens for itself, so that a new connection wakes the worker
-  // that serves it and is never handed from one thread to another.
+  auto& accept_context = workers_[0]->context();
   tcp::endpoint endpoint(net::ip::make_address(config->server.listen_host),
                          config->server.listen_port);
-  const bool share_port = workers_.size() > 1;
-  if (share_port) endpoint = claim_port(workers_[0]->context(), endpoint);
-  for (auto& worker : workers_) {
-    worker->listener_ = open_listener(worker->context(), endpoint, share_port);
-  }
-  bound_port_ = workers_[0]->listener_->local_endpoint().port();
-  bound_host_ = workers_[0]->listener_->local_endpoint().address().to_string();
-  for (auto& worker : workers_) {
-    net::co_spawn(worker->context(), accept_connections(*this, *worker, *worker->listener_),
-                  net::detached);
-  }
+  acceptor_ = std::make_unique<tcp::acceptor>(accept_context);
+  acceptor_->open(endpoint.protocol());
+  acceptor_->set_option(net::socket_base::reuse_address(true));
+  acceptor_->bind(endpoint);
+  acceptor_->listen(net::socket_base::max_listen_connections);
+  acceptor_->non_blocking(true);
+  prepare_relay_listener(*acceptor_);
+  bound_port_ = acceptor_->local_endpoint().port();
+  bound_host_ = acceptor_->local_endpoint().address().to_string();
+
+  net::co_spawn(accept_context, accept_connections(*this, *workers_[0], *acceptor_), net::detached);
 
   if (config->server.admin_enabled) {
     tcp::endpoint admin_endpoint(net::ip::make_address(config->server.admin_host),
@@ -385,12 +395,12 @@ void Gateway::drain_and_stop(std::chrono::milliseconds drain_timeout) {
     std::lock_guard lock(lifecycle_mutex_);
     if (!running_) return;
     draining_ = true;
+    net::post(acceptor_->get_executor(), [acceptor = acceptor_.get()] {
+      error_code ignored;
+      acceptor->close(ignored);
+    });
     for (auto& worker : workers_) {
-      net::post(worker->context(), [w = worker.get()] {
-        error_code ignored;
-        w->listener_->close(ignored);
-        w->close_idle_connections();
-      });
+      net::post(worker->context(), [w = worker.get()] { w->close_idle_connections(); });
     }
   }
   auto deadline = Clock::now() + drain_timeout;
@@ -418,6 +428,7 @@ void Gateway::stop() {
     if (worker->thread_.joinable()) worker->thread_.join();
   }
   if (admin_thread_.joinable()) admin_thread_.join();
+  acceptor_.reset();
   admin_acceptor_.reset();
   admin_context_.reset();
   workers_.clear();

@@ -91,6 +91,7 @@ class Worker {
   // Called on the worker's own thread only.
   void track(ClientConnection* connection) { connections_.insert(connection); }
   void untrack(ClientConnection* connection) { connections_.erase(connection); }
+  std::size_t client_connections() const { return connections_.size(); }
   // Closes the connections that wait idle for a next request; busy ones
   // finish their request and then close, because the gateway is draining.
   void close_idle_connections();
@@ -118,11 +119,9 @@ class Worker {
   upstream::Pool pool_;
   upstream::Client client_;
   // One thread runs it and only that thread touches its sockets and timers
-  // (each worker accepts its own connections), so the reactor's per-socket
-  // locks are switched off; posting from other threads stays safe.
+  // (new connections are handed over as descriptors), so the reactor's
+  // per-socket locks are switched off; posting from other threads stays safe.
   boost::asio::io_context context_{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
-  // This worker's listening socket; see Gateway::start.
-  std::unique_ptr<boost::asio::ip::tcp::acceptor> listener_;
   Xorshift64Star random_;  // per worker: no shared state on the request path
   EventLoopCounters loop_counters_;
   std::thread thread_;
@@ -136,7 +135,7 @@ struct ReloadOutcome {
   std::vector<std::string> restart_required;
 };
 
-// The whole server: listeners, workers, the current config snapshot. Used by
+// The whole server: listener, workers, the current config snapshot. Used by
 // the binary and, in-process, by the integration tests.
 class Gateway {
  public:
@@ -202,6 +201,7 @@ class Gateway {
   upstream::DnsCache dns_;
   upstream::TlsContexts tls_;
   std::vector<std::unique_ptr<Worker>> workers_;
+  std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
   // The admin listener has a thread of its own, so rendering metrics or
   // loading a config file never holds up an event loop that serves clients.
   std::unique_ptr<boost::asio::io_context> admin_context_;
