@@ -63,7 +63,7 @@ GatewayMetrics::GatewayMetrics(Registry& registry, GatewayMetricsSources sources
                                     "for upstreams and clients.")
                          .with({});
   requests_in_flight =
-      registry.gauge("sluice_requests_in_flight", "Requests being handled now.").with({});
+      registry.sharded_gauge("sluice_requests_in_flight", "Requests being handled now.");
   upstream_connections_opened =
       registry.counter("sluice_upstream_connections_opened_total", "New upstream connections.")
           .with({});

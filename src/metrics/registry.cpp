@@ -140,6 +140,11 @@ std::uint64_t CounterHandle::value() const {
   return cells_ == nullptr ? 0 : sum_over_shards(cells_, last_shard_ + 1, 0);
 }
 
+std::int64_t ShardedGaugeHandle::value() const {
+  return cells_ == nullptr ? 0
+                           : static_cast<std::int64_t>(sum_over_shards(cells_, last_shard_ + 1, 0));
+}
+
 HistogramHandle::Snapshot HistogramHandle::snapshot() const {
   Snapshot snapshot;
   if (cells_ == nullptr) return snapshot;
@@ -398,6 +403,23 @@ void Registry::gauge_callback(std::string name, std::string help, Labels labels,
   }
   find_or_add<CallbackGaugeFamily>(name, label_names, name, std::move(help), label_names)
       .add_series(std::move(label_values), std::move(read));
+}
+
+ShardedGaugeHandle Registry::sharded_gauge(std::string name, std::string help, Labels labels) {
+  LabelValues label_values;
+  for (const auto& label : labels) label_values.push_back(label.second);
+  ShardedGaugeHandle handle;
+  {
+    std::lock_guard lock(mutex_);
+    auto [it, added] = sharded_gauges_.try_emplace({name, std::move(label_values)});
+    if (added) it->second = arena_.allocate(1);
+    handle = ShardedGaugeHandle(it->second.get(), arena_.shards() - 1);
+    if (!added) return handle;
+  }
+  // Outside the lock: registering the callback takes it again.
+  gauge_callback(std::move(name), std::move(help), std::move(labels),
+                 [handle] { return static_cast<double>(handle.value()); });
+  return handle;
 }
 
 void Registry::gauge_collector(std::string name, std::string help,

@@ -803,7 +803,7 @@ void account(RequestContext& context, bool client_gone) {
 }  // namespace
 
 void Pipeline::begin(RequestContext& context) {
-  context.worker.gateway().metrics().requests_in_flight.add(1);
+  context.worker.gateway().metrics().requests_in_flight.add(context.worker.index());
   context.record.timestamp = std::chrono::system_clock::now() -
                              std::chrono::duration_cast<std::chrono::system_clock::duration>(
                                  context.body_read - context.head_started);
@@ -813,7 +813,7 @@ void Pipeline::begin(RequestContext& context) {
 }
 
 void Pipeline::end(RequestContext& context, bool keep) {
-  context.worker.gateway().metrics().requests_in_flight.sub(1);
+  context.worker.gateway().metrics().requests_in_flight.sub(context.worker.index());
   account(context, !keep && context.client_gone);
 }
 

@@ -150,8 +150,8 @@ TEST(SnapshotMetrics, WorkersUseTheirCachesConcurrently) {
         const config::Model& model = config->models[i % 2];
         const config::Deployment& deployment = model.deployments[0];
         snapshot.requests(worker, &model, &deployment, i % 3 == 0 ? 500u : 200u).add(worker);
-        metrics.requests_in_flight.add(1);
-        metrics.requests_in_flight.sub(1);
+        metrics.requests_in_flight.add(worker);
+        metrics.requests_in_flight.sub(worker);
       }
     });
   }

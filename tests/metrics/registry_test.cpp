@@ -473,6 +473,63 @@ TEST(Registry, GaugesSetAndAdd) {
   EXPECT_EQ(parsed.value("test_gauge", {{"pool", "x"}}), 4.5);
 }
 
+TEST(Registry, ShardedGaugesSumTheStepsOfEveryShard) {
+  Registry registry(3);
+  const ShardedGaugeHandle gauge = registry.sharded_gauge("test_level", "Level.", {{"pool", "x"}});
+  // A level raised on one shard and lowered on another: each cell alone is
+  // far from the level, their sum is it.
+  gauge.add(0, 5);
+  gauge.sub(1, 7);
+  gauge.add(2);
+  gauge.add(9, 3);  // past the last shard: counted on the last one
+  EXPECT_EQ(gauge.value(), 2);
+
+  const Exposition parsed = parse_prometheus_text(registry.render());
+  ASSERT_TRUE(parsed.errors.empty()) << joined(parsed.errors);
+  const ParsedFamily* family = parsed.family("test_level");
+  ASSERT_NE(family, nullptr);
+  EXPECT_EQ(family->type, "gauge");
+  EXPECT_EQ(parsed.value("test_level", {{"pool", "x"}}), 2);
+
+  gauge.sub(0, 10);
+  EXPECT_EQ(gauge.value(), -8);
+  EXPECT_EQ(parse_prometheus_text(registry.render()).value("test_level", {{"pool", "x"}}), -8);
+}
+
+TEST(Registry, ShardedGaugeRegisteredAgainIsTheSameSeries) {
+  Registry registry(2);
+  const ShardedGaugeHandle first = registry.sharded_gauge("test_level", "Level.");
+  const ShardedGaugeHandle second = registry.sharded_gauge("test_level", "Level.");
+  first.add(0, 4);
+  second.sub(1);
+  EXPECT_EQ(first.value(), 3);
+  EXPECT_EQ(second.value(), 3);
+  const std::string text = registry.render();
+  EXPECT_EQ(text.find("test_level 3\n"), text.rfind("test_level 3\n")) << text;
+  EXPECT_EQ(parse_prometheus_text(text).value("test_level"), 3);
+}
+
+TEST(Registry, ShardedGaugeStepsFromFourThreadsNetExactly) {
+  constexpr unsigned kThreads = 4;
+  constexpr int kSteps = 100'000;
+  Registry registry(kThreads);
+  const ShardedGaugeHandle gauge = registry.sharded_gauge("test_in_flight", "In flight.");
+  std::vector<std::thread> threads;
+  for (unsigned worker = 0; worker < kThreads; ++worker) {
+    threads.emplace_back([&, worker] {
+      for (int i = 0; i < kSteps; ++i) {
+        gauge.add(worker);
+        // Lowered on a shard another thread raises, as a request handed
+        // between workers would.
+        gauge.sub((worker + 1) % kThreads);
+      }
+      gauge.add(worker, worker + 1);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(gauge.value(), 1 + 2 + 3 + 4);
+}
+
 TEST(Registry, SpecialValuesRenderAsGoFloats) {
   Registry registry(1);
   registry.gauge("test_a", "A.", {"k"}).with({"inf"}).set(std::numeric_limits<double>::infinity());
@@ -548,12 +605,16 @@ TEST(Registry, UnboundHandlesIgnoreUpdates) {
   CounterHandle counter;
   GaugeHandle gauge;
   HistogramHandle histogram;
+  ShardedGaugeHandle level;
   counter.add(0);
   gauge.set(1);
   histogram.observe(0, 1);
+  level.add(0, 3);
   EXPECT_FALSE(counter.bound());
   EXPECT_EQ(counter.value(), 0u);
   EXPECT_EQ(gauge.value(), 0);
+  EXPECT_FALSE(level.bound());
+  EXPECT_EQ(level.value(), 0);
   EXPECT_EQ(histogram.snapshot().count, 0u);
 }
 
@@ -606,7 +667,7 @@ TEST(GatewayMetricsExposition, EveryFamilyIsPresentAndValid) {
   overruns.insert(BudgetStage::total);
   metrics.count_budget_overruns(0, overruns);
   metrics.gateway_overhead.observe(0, 0.00008);
-  metrics.requests_in_flight.add(2);
+  metrics.requests_in_flight.add(0, 2);
   metrics.upstream_connections_opened.add(1);
   metrics.client_disconnects.add(0);
 

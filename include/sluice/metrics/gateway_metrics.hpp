@@ -81,7 +81,7 @@ class GatewayMetrics {
 
   // Unlabelled series.
   HistogramHandle gateway_overhead;           // sluice_gateway_overhead_seconds
-  GaugeHandle requests_in_flight;             // sluice_requests_in_flight
+  ShardedGaugeHandle requests_in_flight;      // sluice_requests_in_flight
   CounterHandle upstream_connections_opened;  // sluice_upstream_connections_opened_total
   CounterHandle client_disconnects;           // sluice_client_disconnects_total
 

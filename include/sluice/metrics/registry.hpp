@@ -56,7 +56,9 @@
 //   buckets and _count always agree, because _count is their sum.
 //
 // Gauges are a single atomic (set/add from anywhere); values read only at
-// scrape time are callback gauges.
+// scrape time are callback gauges. A level that every request raises and
+// lowers is a sharded gauge: a cell per shard like a counter's, summed when
+// scraped, so the workers do not all write one atomic twice a request.
 namespace sluice::metrics {
 
 namespace detail {
@@ -168,6 +170,30 @@ class GaugeHandle {
   friend class GaugeFamily;
   explicit GaugeHandle(std::atomic<double>* value) : value_(value) {}
   std::atomic<double>* value_ = nullptr;
+};
+
+// A gauge moved by steps from the workers, one cell per shard. Cells hold
+// two's-complement deltas, so their unsigned sum wraps to the signed level
+// even when one shard only ever raises it and another only lowers it.
+class ShardedGaugeHandle {
+ public:
+  ShardedGaugeHandle() = default;
+  void add(unsigned shard, std::int64_t delta = 1) const {
+    if (cells_ == nullptr) return;
+    cells_[detail::clamp_shard(shard, last_shard_)]->fetch_add(static_cast<std::uint64_t>(delta),
+                                                               std::memory_order_relaxed);
+  }
+  void sub(unsigned shard, std::int64_t delta = 1) const { add(shard, -delta); }
+  // Sum over all shards, as a scrape would see it.
+  std::int64_t value() const;
+  bool bound() const { return cells_ != nullptr; }
+
+ private:
+  friend class Registry;
+  ShardedGaugeHandle(detail::Cell* const* cells, unsigned last_shard)
+      : cells_(cells), last_shard_(last_shard) {}
+  detail::Cell* const* cells_ = nullptr;
+  unsigned last_shard_ = 0;
 };
 
 class HistogramHandle {
@@ -307,6 +333,9 @@ class Registry {
   // (e.g. one per deployment of the current config).
   void gauge_collector(std::string name, std::string help, std::vector<std::string> label_names,
                        GaugeCollector collect);
+  // A gauge series kept per shard (see ShardedGaugeHandle), rendered as a
+  // callback gauge. The same name and labels again return the same series.
+  ShardedGaugeHandle sharded_gauge(std::string name, std::string help, Labels labels = {});
 
   // Prometheus text format 0.0.4, families sorted by name. Callbacks run on
   // the calling thread and must not register metrics.
@@ -321,6 +350,8 @@ class Registry {
   detail::CellArena arena_;
   mutable std::mutex mutex_;
   std::map<std::string, std::unique_ptr<detail::Family>, std::less<>> families_;
+  // Cells of the sharded gauges by name and label values; guarded by mutex_.
+  std::map<std::pair<std::string, LabelValues>, std::unique_ptr<detail::Cell*[]>> sharded_gauges_;
 };
 
 // Prometheus text helpers, exposed for the tests and for other exporters.
