@@ -140,11 +140,6 @@ std::uint64_t CounterHandle::value() const {
   return cells_ == nullptr ? 0 : sum_over_shards(cells_, last_shard_ + 1, 0);
 }
 
-std::int64_t ShardedGaugeHandle::value() const {
-  return cells_ == nullptr ? 0
-                           : static_cast<std::int64_t>(sum_over_shards(cells_, last_shard_ + 1, 0));
-}
-
 HistogramHandle::Snapshot HistogramHandle::snapshot() const {
   Snapshot snapshot;
   if (cells_ == nullptr) return snapshot;
@@ -413,7 +408,7 @@ ShardedGaugeHandle Registry::sharded_gauge(std::string name, std::string help, L
     std::lock_guard lock(mutex_);
     auto [it, added] = sharded_gauges_.try_emplace({name, std::move(label_values)});
     if (added) it->second = arena_.allocate(1);
-    handle = ShardedGaugeHandle(it->second.get(), arena_.shards() - 1);
+    handle = ShardedGaugeHandle(CounterHandle(it->second.get(), arena_.shards() - 1));
     if (!added) return handle;
   }
   // Outside the lock: registering the callback takes it again.

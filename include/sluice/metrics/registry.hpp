@@ -147,6 +147,7 @@ class CounterHandle {
 
  private:
   friend class CounterFamily;
+  friend class Registry;  // the cells of a sharded gauge
   CounterHandle(detail::Cell* const* cells, unsigned last_shard)
       : cells_(cells), last_shard_(last_shard) {}
   detail::Cell* const* cells_ = nullptr;
@@ -172,28 +173,25 @@ class GaugeHandle {
   std::atomic<double>* value_ = nullptr;
 };
 
-// A gauge moved by steps from the workers, one cell per shard. Cells hold
-// two's-complement deltas, so their unsigned sum wraps to the signed level
-// even when one shard only ever raises it and another only lowers it.
+// A gauge moved by steps from the workers: a counter's cells, one per
+// shard, holding two's-complement deltas, so that their unsigned sum wraps
+// to the signed level even when one shard only ever raises it and another
+// only lowers it.
 class ShardedGaugeHandle {
  public:
   ShardedGaugeHandle() = default;
   void add(unsigned shard, std::int64_t delta = 1) const {
-    if (cells_ == nullptr) return;
-    cells_[detail::clamp_shard(shard, last_shard_)]->fetch_add(static_cast<std::uint64_t>(delta),
-                                                               std::memory_order_relaxed);
+    steps_.add(shard, static_cast<std::uint64_t>(delta));
   }
   void sub(unsigned shard, std::int64_t delta = 1) const { add(shard, -delta); }
   // Sum over all shards, as a scrape would see it.
-  std::int64_t value() const;
-  bool bound() const { return cells_ != nullptr; }
+  std::int64_t value() const { return static_cast<std::int64_t>(steps_.value()); }
+  bool bound() const { return steps_.bound(); }
 
  private:
   friend class Registry;
-  ShardedGaugeHandle(detail::Cell* const* cells, unsigned last_shard)
-      : cells_(cells), last_shard_(last_shard) {}
-  detail::Cell* const* cells_ = nullptr;
-  unsigned last_shard_ = 0;
+  explicit ShardedGaugeHandle(CounterHandle steps) : steps_(steps) {}
+  CounterHandle steps_;
 };
 
 class HistogramHandle {
