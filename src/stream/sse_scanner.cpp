@@ -46,6 +46,77 @@ std::size_t find_line_end(std::string_view text, std::size_t from) {
   return from + searched;
 }
 
+}  // namespace
+
+namespace detail {
+
+DataLine scan_data_line(std::string_view text, std::size_t from) {
+  const char* const data = text.data();
+  const std::size_t size = text.size();
+  std::size_t at = from;
+  bool may_hold_keys = false;
+#if defined(__SSE2__)
+  if (size >= 17 && from + 1 < size) {
+    const __m128i newline = _mm_set1_epi8('\n');
+    const __m128i carriage_return = _mm_set1_epi8('\r');
+    const __m128i quote = _mm_set1_epi8('"');
+    const __m128i letter_u = _mm_set1_epi8('u');
+    const __m128i letter_e = _mm_set1_epi8('e');
+    // A block is the sixteen positions from `base`, each compared with the
+    // byte after it too, so the last block that stays inside the text
+    // starts 17 bytes before its end.
+    const std::size_t last_base = size - 17;
+    unsigned seen = 0;  // key starts in the blocks before
+    const auto block = [&](std::size_t base, unsigned wanted) -> std::optional<DataLine> {
+      const auto load = [&](std::size_t offset) {
+        return _mm_loadu_si128(reinterpret_cast<const __m128i*>(data + base + offset));
+      };
+      const __m128i bytes = load(0);
+      const __m128i next = load(1);
+      const unsigned ends =
+          static_cast<unsigned>(_mm_movemask_epi8(_mm_or_si128(
+              _mm_cmpeq_epi8(bytes, newline), _mm_cmpeq_epi8(bytes, carriage_return)))) &
+          wanted;
+      const unsigned starts =
+          static_cast<unsigned>(_mm_movemask_epi8(_mm_and_si128(
+              _mm_cmpeq_epi8(bytes, quote),
+              _mm_or_si128(_mm_cmpeq_epi8(next, letter_u), _mm_cmpeq_epi8(next, letter_e))))) &
+          wanted;
+      if (ends == 0) {
+        seen |= starts;
+        return std::nullopt;
+      }
+      const auto first_end = static_cast<unsigned>(__builtin_ctz(ends));
+      const unsigned before_end = (1U << first_end) - 1;
+      return DataLine{base + first_end, seen != 0 || (starts & before_end) != 0};
+    };
+    for (; at <= last_base; at += 16) {
+      if (auto line = block(at, 0xFFFFU)) return *line;
+    }
+    // The last block overlaps the one before; only its positions from `at`
+    // are new. The text's last byte has no byte after it and is left to the
+    // loop below.
+    if (at < size - 1) {
+      if (auto line = block(last_base, (0xFFFFU << (at - last_base)) & 0xFFFFU)) return *line;
+    }
+    may_hold_keys = seen != 0;
+    at = size - 1;
+  }
+#endif
+  for (; at < size; ++at) {
+    const char c = data[at];
+    if (is_line_end(c)) return {at, may_hold_keys};
+    if (c == '"' && (at + 1 == size || data[at + 1] == 'u' || data[at + 1] == 'e')) {
+      may_hold_keys = true;
+    }
+  }
+  return {size, may_hold_keys};
+}
+
+}  // namespace detail
+
+namespace {
+
 // Where `one` or `other` first occurs in `text` at or after `from`; the two
 // have the same length, first byte and last byte (quoted keys of the same
 // length). Sixteen positions are tested at a time: a position is a
@@ -394,8 +465,15 @@ void SseScanner::feed(std::string_view piece, std::vector<std::string_view>& out
         break;
       case LineState::value:
       case LineState::skip: {
-        const std::size_t end = find_line_end(piece, i);
-        if (line_state_ == LineState::value) take_value(piece.substr(i, end - i), end < size);
+        std::size_t end = 0;
+        if (line_state_ == LineState::value && field_ == Field::data) {
+          const auto line = detail::scan_data_line(piece, i);
+          end = line.end;
+          take_data(piece.substr(i, end - i), end < size, line.may_hold_keys);
+        } else {
+          end = find_line_end(piece, i);
+          if (line_state_ == LineState::value) take_value(piece.substr(i, end - i), end < size);
+        }
         if (end == size) {
           i = size;
         } else {
@@ -474,7 +552,7 @@ void SseScanner::end_line(std::size_t position) {
 
 void SseScanner::take_value(std::string_view bytes, bool line_complete) {
   if (field_ == Field::data) {
-    take_data(bytes, line_complete);
+    take_data(bytes, line_complete, true);
   } else if (field_ == Field::event) {
     for (const char c : bytes) {
       if (event_type_length_ < kNameCapacity) event_type_[event_type_length_] = c;
@@ -492,11 +570,12 @@ void SseScanner::start_data_line() {
   append_data("\n");
 }
 
-void SseScanner::take_data(std::string_view bytes, bool line_complete) {
+void SseScanner::take_data(std::string_view bytes, bool line_complete, bool may_hold_keys) {
   if (holding_ && probe_.rules_out(bytes)) release_held();
   if (overflowed_) return;
   if (line_complete && !value_continued_ && data_lines_ == 1 && !data_in_buffer_) {
     data_view_ = bytes;  // the whole data of the event so far, inside this piece
+    data_view_may_hold_keys_ = may_hold_keys;
     return;
   }
   move_data_to_buffer();
@@ -557,7 +636,10 @@ void SseScanner::dispatch(std::size_t end, bool ended_with_cr) {
   bool usage_only = false;
   if (data_lines_ > 0) {
     ++events_;
-    if (!overflowed_) usage_only = inspect(data_in_buffer_ ? data_ : data_view_, holding_);
+    if (!overflowed_) {
+      usage_only = data_in_buffer_ ? inspect(data_, holding_, true)
+                                   : inspect(data_view_, holding_, data_view_may_hold_keys_);
+    }
   }
   if (event_is_error_) saw_error_ = true;
   if (holding_) {
@@ -570,12 +652,13 @@ void SseScanner::dispatch(std::size_t end, bool ended_with_cr) {
   reset_block();
 }
 
-bool SseScanner::inspect(std::string_view payload, bool want_usage_only) {
+bool SseScanner::inspect(std::string_view payload, bool want_usage_only, bool may_hold_keys) {
   const auto text = trim_json_space(payload);
   if (text == "[DONE]") {
     saw_done_ = true;
     return false;
   }
+  if (!may_hold_keys) return false;
   const auto [may_have_usage, may_have_error] = keys_seen(text);
   if (!may_have_usage && !may_have_error) return false;
   const auto doc = json::parse(text.begin(), text.end(), nullptr, false);
@@ -615,6 +698,7 @@ void SseScanner::reset_block() {
   overflowed_ = false;
   data_lines_ = 0;
   data_view_ = {};
+  data_view_may_hold_keys_ = true;
   data_in_buffer_ = false;
   data_.clear();
   event_type_length_ = 0;

@@ -323,6 +323,68 @@ TEST(SseScanner, AnErrorKeyIsFoundWhereverItFalls) {
   }
 }
 
+// A data line's end and the start of a "usage" or "error" key are looked for
+// sixteen positions at a time, the last block overlapping the one before:
+// compared here with a byte-by-byte reading for every start in many texts
+// made mostly of the bytes the search looks for.
+TEST(SseScannerDataLine, AgreesWithAByteByByteReading) {
+  std::mt19937 random(20261201);
+  const std::string alphabet = "\n\r\"uex";
+  for (int round = 0; round < 3000; ++round) {
+    std::string text(random() % 80, 'x');
+    for (char& c : text) {
+      if (random() % 3 != 0) c = alphabet[random() % alphabet.size()];
+    }
+    // Long runs without a line end, so that the blocks, not the byte loop, find it.
+    if (round % 2 == 0) {
+      std::replace(text.begin(), text.end(), '\n', 'x');
+      std::replace(text.begin(), text.end(), '\r', 'x');
+      if (!text.empty()) text[random() % text.size()] = random() % 2 ? '\n' : '\r';
+    }
+    for (std::size_t from = 0; from <= text.size(); ++from) {
+      std::size_t end = from;
+      while (end < text.size() && text[end] != '\n' && text[end] != '\r') ++end;
+      bool key_start = false;
+      bool quote_last = false;
+      for (std::size_t at = from; at < end; ++at) {
+        if (text[at] != '"') continue;
+        if (at + 1 == text.size()) quote_last = true;
+        if (at + 1 < text.size() && (text[at + 1] == 'u' || text[at + 1] == 'e')) key_start = true;
+      }
+      const auto line = detail::scan_data_line(text, from);
+      ASSERT_EQ(line.end, end) << "text '" << text << "' from " << from;
+      if (!quote_last) {
+        ASSERT_EQ(line.may_hold_keys, key_start) << "text '" << text << "' from " << from;
+      } else {
+        ASSERT_TRUE(line.may_hold_keys) << "text '" << text << "' from " << from;
+      }
+    }
+  }
+}
+
+// Token chunks are not parsed, yet a usage object is found wherever it falls
+// in its line and wherever the line falls in the piece.
+TEST(SseScanner, AUsageKeyIsFoundWhereverItFalls) {
+  for (std::size_t pad = 0; pad < 40; ++pad) {
+    for (std::size_t lead = 0; lead < 20; ++lead) {
+      const std::string before = R"({"p":")" + std::string(pad, 'x') + R"(","uxxxe":1,"usagf":{},)";
+      const std::string leading_comment = ":" + std::string(lead, 'c') + "\n";
+      SseScanner with_usage;
+      feed_whole(with_usage, leading_comment + "data: " + before +
+                                 R"("usage":{"prompt_tokens":3,"total_tokens":3}})" + "\n\n");
+      EXPECT_EQ(with_usage.usage(), (Usage{3, 0, 3})) << pad << " " << lead;
+      SseScanner near_miss;
+      feed_whole(near_miss,
+                 leading_comment + "data: " + before + R"("usages":{"prompt_tokens":3}})" + "\n\n");
+      EXPECT_FALSE(near_miss.usage()) << pad << " " << lead;
+      SseScanner carriage_returns;
+      feed_whole(carriage_returns, leading_comment + "data: " + before +
+                                       R"("usage":{"total_tokens":4}})" + "\r\n\r\n");
+      EXPECT_EQ(carriage_returns.usage(), (Usage{0, 0, 4})) << pad << " " << lead;
+    }
+  }
+}
+
 TEST(SseScanner, UsageInsideTheLastContentChunk) {
   const std::string stream =
       content_chunk("Hi") +

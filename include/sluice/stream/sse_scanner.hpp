@@ -52,6 +52,18 @@ class UsageOnlyProbe {
   bool key_mismatch_ = false;
 };
 
+// Where a line that starts at `from` ends (its first '\n' or '\r', or the
+// end of `text`), and whether a quote followed by 'u' or 'e' comes before
+// that end. Every `"usage"` and `"error"` key begins so and most token chunks
+// have neither, so one pass over an event's bytes both ends its line and
+// spares it the search for those keys. The flag may be set without such a
+// pair only for a quote that is the text's last byte.
+struct DataLine {
+  std::size_t end = 0;
+  bool may_hold_keys = false;
+};
+DataLine scan_data_line(std::string_view text, std::size_t from);
+
 }  // namespace detail
 
 // Watches an OpenAI-style server-sent event stream as the relay forwards it,
@@ -129,7 +141,7 @@ class SseScanner {
   void start_field();
   void end_line(std::size_t position);
   void take_value(std::string_view bytes, bool line_complete);
-  void take_data(std::string_view bytes, bool line_complete);
+  void take_data(std::string_view bytes, bool line_complete, bool may_hold_keys);
   void start_data_line();
   void move_data_to_buffer();
   void append_data(std::string_view bytes);
@@ -137,7 +149,7 @@ class SseScanner {
   void release_held();
   void drop_held(std::size_t end, bool ended_with_cr);
   void dispatch(std::size_t end, bool ended_with_cr);
-  bool inspect(std::string_view payload, bool want_usage_only);
+  bool inspect(std::string_view payload, bool want_usage_only, bool may_hold_keys);
   void end_of_piece();
   void reset_block();
 
@@ -169,6 +181,7 @@ class SseScanner {
   // The data is either one value inside the current piece (no copy) or, once
   // it spans lines or pieces, joined in data_.
   std::string_view data_view_;
+  bool data_view_may_hold_keys_ = true;  // false only when its line scan saw no key's start
   bool data_in_buffer_ = false;
   std::string data_;
 
