@@ -9,6 +9,7 @@
 #include <cstring>
 #include <span>
 
+#include "sluice/common/drain_aware_read.hpp"
 #include "sluice/common/eager_write.hpp"
 #include "sluice/common/errors.hpp"
 #include "sluice/common/http_head.hpp"
@@ -175,7 +176,19 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     }
     // Named once: every local of this frame takes a slot of its own.
     auto read = exchange.read_buffered_body(buffers_.read.data(), buffers_.read.size());
-    if (!read) read = co_await exchange.read_body(buffers_.read.data(), buffers_.read.size());
+    while (!read) {
+      // A plain connection's read is awaited here, not through read_body's
+      // coroutine: that would be a frame more for every event of a stream.
+      auto plain = exchange.begin_plain_body_read(buffers_.read.data(), buffers_.read.size());
+      if (!plain) {
+        read = co_await exchange.read_body(buffers_.read.data(), buffers_.read.size());
+        break;
+      }
+      auto [read_ec, bytes] =
+          co_await drain_aware_read_some(plain->socket, plain->room, as_tuple(use_awaitable));
+      read = exchange.finish_plain_body_read(read_ec, bytes, buffers_.read.data(),
+                                             buffers_.read.size());
+    }
     if (!read->ok()) {
       outcome.upstream_error = read->error();
       if (scanner_) {

@@ -154,42 +154,54 @@ std::optional<Result<std::size_t, UpstreamError>> Exchange::read_buffered_body(
   return std::nullopt;
 }
 
+std::optional<Exchange::PlainBodyRead> Exchange::begin_plain_body_read(char* data,
+                                                                       std::size_t capacity) {
+  auto* socket = connection_->plain_socket();
+  if (socket == nullptr) return std::nullopt;
+  parser_->set_body_buffer(data, capacity);
+  connection_->read_deadline().expires_at(std::min(Clock::now() + limits_.idle, limits_.deadline));
+  auto& buffered = connection_->read_buffer();
+  const std::size_t room = read_room(buffered);
+  if (room == 0) return PlainBodyRead{*socket, {}};
+  return PlainBodyRead{*socket, buffered.prepare(room)};
+}
+
+std::optional<Result<std::size_t, UpstreamError>> Exchange::finish_plain_body_read(
+    error_code ec, std::size_t bytes, char* data, std::size_t capacity) {
+  auto& buffered = connection_->read_buffer();
+  // A read into no room completes at once with nothing.
+  if (!ec && bytes == 0 && read_room(buffered) == 0) {
+    ec = http::error::buffer_overflow;
+  } else {
+    ec = settle_read(ec, bytes, buffered, *parser_, connection_->read_deadline());
+  }
+  if (!ec) return read_buffered_body(data, capacity);
+  failed_ = true;
+  return classify(ec, false);
+}
+
 net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* data,
                                                                        std::size_t capacity) {
   // The caller found nothing buffered to return (read_buffered_body), so
   // the socket is read first.
-  parser_->set_body_buffer(data, capacity);
   for (;;) {
-    const auto read_deadline = std::min(Clock::now() + limits_.idle, limits_.deadline);
-    auto& buffered = connection_->read_buffer();
-    error_code ec;
-    if (auto* socket = connection_->plain_socket()) {
-      connection_->read_deadline().expires_at(read_deadline);
-      const std::size_t room = read_room(buffered);
-      if (room == 0) {
-        ec = http::error::buffer_overflow;
-      } else {
-        auto [read_ec, n] = co_await drain_aware_read_some(*socket, buffered.prepare(room),
-                                                           as_tuple(use_awaitable));
-        ec = settle_read(read_ec, n, buffered, *parser_, connection_->read_deadline());
-        if (!ec) {
-          if (auto produced = read_buffered_body(data, capacity)) co_return *produced;
-          continue;
-        }
-      }
-    } else {
-      // Beast's read parses into the body buffer read_buffered_body set.
-      connection_->tcp().expires_at(read_deadline);
-      auto [tls_ec, unused] = co_await http::async_read_some(
-          *connection_, buffered, parser_->beast_parser(), as_tuple(use_awaitable));
-      ec = tls_ec == http::error::need_buffer ? error_code{} : tls_ec;
-      if (!ec) {
-        if (auto produced = body_produced(*parser_, capacity)) co_return *produced;
-        continue;
-      }
+    if (auto plain = begin_plain_body_read(data, capacity)) {
+      auto [read_ec, n] =
+          co_await drain_aware_read_some(plain->socket, plain->room, as_tuple(use_awaitable));
+      if (auto produced = finish_plain_body_read(read_ec, n, data, capacity)) co_return *produced;
+      continue;
     }
-    failed_ = true;
-    co_return classify(ec, false);
+    // Beast's read parses into the body buffer set here.
+    parser_->set_body_buffer(data, capacity);
+    connection_->tcp().expires_at(std::min(Clock::now() + limits_.idle, limits_.deadline));
+    auto [tls_ec, unused] = co_await http::async_read_some(
+        *connection_, connection_->read_buffer(), parser_->beast_parser(), as_tuple(use_awaitable));
+    const error_code ec = tls_ec == http::error::need_buffer ? error_code{} : tls_ec;
+    if (ec) {
+      failed_ = true;
+      co_return classify(ec, false);
+    }
+    if (auto produced = body_produced(*parser_, capacity)) co_return *produced;
   }
 }
 

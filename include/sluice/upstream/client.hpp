@@ -146,6 +146,23 @@ class Exchange {
   boost::asio::awaitable<Result<std::size_t, UpstreamError>> read_body(char* data,
                                                                        std::size_t capacity);
 
+  // read_body's socket read of a plain connection, in two plain steps for a
+  // caller that awaits the read in its own coroutine: a stream's relay reads
+  // once per event, and a coroutine of the exchange's would cost a frame
+  // each time. begin_plain_body_read sets the read deadline and says where
+  // to read (nullopt for a TLS connection: read_body reads those);
+  // finish_plain_body_read takes the read's outcome and answers as
+  // read_body does, or nullopt when the socket must be read again.
+  struct PlainBodyRead {
+    boost::asio::ip::tcp::socket& socket;
+    boost::asio::mutable_buffer room;  // empty when the buffer is full
+  };
+  std::optional<PlainBodyRead> begin_plain_body_read(char* data, std::size_t capacity);
+  std::optional<Result<std::size_t, UpstreamError>> finish_plain_body_read(error_code ec,
+                                                                           std::size_t bytes,
+                                                                           char* data,
+                                                                           std::size_t capacity);
+
   // Closes the connection now; it will not be reused.
   void abort();
 
