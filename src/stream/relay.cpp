@@ -86,7 +86,7 @@ constexpr std::string_view kLastChunk = "0\r\n\r\n";
 }  // namespace
 
 net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::string_view head_fields,
-                                        bool keep_alive, RelayOptions options) {
+                                        bool keep_alive, const RelayOptions& options) {
   RelayOutcome outcome;
   const bool event_stream = exchange.is_event_stream();
   const auto content_length = exchange.content_length();
@@ -159,7 +159,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
   }
   auto& tail = buffers_.json_tail;
   tail.clear();
-  std::optional<Usage> json_usage;  // a JSON body's, once its end has been seen
+  bool json_usage_read = false;  // into outcome.usage, from a body read whole at once
   std::uint64_t body_read = 0;
   bool completion_reported = false;
   auto report_completion = [&] {
@@ -224,7 +224,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
         if (!written) written = co_await write_rest();
         outcome.complete = *written;
       } else {
-        outcome.usage = json_usage ? json_usage : usage_from_json_tail(tail);
+        if (!json_usage_read) outcome.usage = usage_from_json_tail(tail);
         auto written = write_one({}, true);
         if (!written) written = co_await write_rest();
         outcome.complete = *written;
@@ -262,7 +262,8 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
       // The whole body in one piece (the usual case): its usage is read
       // where it lies, before the next read reuses the buffer.
       written = write_one(piece, false);
-      json_usage = usage_from_json_tail(piece);
+      outcome.usage = usage_from_json_tail(piece);
+      json_usage_read = true;
     } else {
       keep_tail(tail, piece);
       written = write_one(piece, false);

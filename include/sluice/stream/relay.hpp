@@ -84,10 +84,13 @@ class Relay {
       : client_(client), buffers_(buffers), write_timeout_(write_timeout) {}
 
   // `head_fields` are preformatted "Name: value\r\n" lines added to the
-  // upstream's own headers.
+  // upstream's own headers. `options` is read where it lies, so it must
+  // outlive the relay (as a local of the coroutine that awaits it does): a
+  // copy would grow run()'s frame past the largest block Asio's per-thread
+  // cache recycles (1,020 bytes), and every request would allocate it anew.
   boost::asio::awaitable<RelayOutcome> run(upstream::Exchange& exchange,
                                            std::string_view head_fields, bool keep_alive,
-                                           RelayOptions options = {});
+                                           const RelayOptions& options);
 
  private:
   boost::beast::tcp_stream& client_;
