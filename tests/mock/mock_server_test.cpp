@@ -413,6 +413,10 @@ TEST(MockServer, IncludeUsageAddsAUsageChunkBeforeDone) {
   ASSERT_TRUE(client.stream_done()) << client.last_error().message();
 
   ASSERT_EQ(chunks.size(), 5u);  // 2 tokens, finish, usage, [DONE]
+  for (unsigned i = 0; i < 3; ++i) {
+    ASSERT_TRUE(chunks[i].contains("usage")) << i;
+    EXPECT_TRUE(chunks[i]["usage"].is_null()) << i;
+  }
   EXPECT_EQ(chunks[2]["choices"][0]["finish_reason"], "stop");
   EXPECT_TRUE(chunks[3]["choices"].empty());
   EXPECT_EQ(chunks[3]["usage"]["prompt_tokens"], 5);

@@ -562,12 +562,12 @@ class EventScript {
     } else if (index == tokens) {
       out += prefix_;
       if (plan_.endpoint == Endpoint::chat) {
-        out += tokens == 0 ? R"([{"index":0,"delta":{"role":"assistant"},"finish_reason":"stop"}]})"
-                           : R"([{"index":0,"delta":{},"finish_reason":"stop"}]})";
+        out += tokens == 0 ? R"([{"index":0,"delta":{"role":"assistant"},"finish_reason":"stop"}])"
+                           : R"([{"index":0,"delta":{},"finish_reason":"stop"}])";
       } else {
-        out += R"([{"index":0,"text":"","logprobs":null,"finish_reason":"stop"}]})";
+        out += R"([{"index":0,"text":"","logprobs":null,"finish_reason":"stop"}])";
       }
-      out += "\n\n";
+      end_chunk(out);
     } else if (plan_.include_usage && index == tokens + 1) {
       out += prefix_;
       out += R"([],"usage":)";
@@ -597,13 +597,19 @@ class EventScript {
       out += index == 0 ? R"([{"index":0,"delta":{"role":"assistant","content":")"
                         : R"([{"index":0,"delta":{"content":")";
       append_token(out, index);
-      out += R"("},"logprobs":null,"finish_reason":null}]})";
+      out += R"("},"logprobs":null,"finish_reason":null}])";
     } else {
       out += R"([{"index":0,"text":")";
       append_token(out, index);
-      out += R"(","logprobs":null,"finish_reason":null}]})";
+      out += R"(","logprobs":null,"finish_reason":null}])";
     }
-    out += "\n\n";
+    end_chunk(out);
+  }
+
+  // As OpenAI does: when the request asked for usage, every chunk before
+  // the usage chunk carries "usage":null.
+  void end_chunk(std::string& out) const {
+    out += plan_.include_usage ? R"(,"usage":null})" "\n\n" : "}\n\n";
   }
 
  private:
