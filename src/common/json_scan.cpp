@@ -132,6 +132,7 @@ bool TopLevelMembers::next(std::string_view& key, ValueSpan& value) {
       if (!scanner.consume('{')) return fail();
       if (scanner.consume('}')) {
         state_ = State::done;
+        pos_ = scanner.pos();
         return false;
       }
       state_ = State::in_object;
@@ -139,6 +140,7 @@ bool TopLevelMembers::next(std::string_view& key, ValueSpan& value) {
     case State::in_object:
       if (scanner.consume('}')) {
         state_ = State::done;
+        pos_ = scanner.pos();
         return false;
       }
       if (!scanner.consume(',')) return fail();

@@ -54,7 +54,7 @@ DataLine scan_data_line(std::string_view text, std::size_t from) {
   const char* const data = text.data();
   const std::size_t size = text.size();
   std::size_t at = from;
-  bool may_hold_keys = false;
+  std::size_t first_key_start = DataLine::kNone;
 #if defined(__SSE2__)
   if (size >= 17 && from + 1 < size) {
     const __m128i newline = _mm_set1_epi8('\n');
@@ -66,7 +66,6 @@ DataLine scan_data_line(std::string_view text, std::size_t from) {
     // byte after it too, so the last block that stays inside the text
     // starts 17 bytes before its end.
     const std::size_t last_base = size - 17;
-    unsigned seen = 0;  // key starts in the blocks before
     const auto block = [&](std::size_t base, unsigned wanted) -> std::optional<DataLine> {
       const auto load = [&](std::size_t offset) {
         return _mm_loadu_si128(reinterpret_cast<const __m128i*>(data + base + offset));
@@ -77,18 +76,17 @@ DataLine scan_data_line(std::string_view text, std::size_t from) {
           static_cast<unsigned>(_mm_movemask_epi8(_mm_or_si128(
               _mm_cmpeq_epi8(bytes, newline), _mm_cmpeq_epi8(bytes, carriage_return)))) &
           wanted;
-      const unsigned starts =
+      unsigned starts =
           static_cast<unsigned>(_mm_movemask_epi8(_mm_and_si128(
               _mm_cmpeq_epi8(bytes, quote),
               _mm_or_si128(_mm_cmpeq_epi8(next, letter_u), _mm_cmpeq_epi8(next, letter_e))))) &
           wanted;
-      if (ends == 0) {
-        seen |= starts;
-        return std::nullopt;
+      if (ends != 0) starts &= (1U << static_cast<unsigned>(__builtin_ctz(ends))) - 1;
+      if (starts != 0 && first_key_start == DataLine::kNone) {
+        first_key_start = base + static_cast<std::size_t>(__builtin_ctz(starts));
       }
-      const auto first_end = static_cast<unsigned>(__builtin_ctz(ends));
-      const unsigned before_end = (1U << first_end) - 1;
-      return DataLine{base + first_end, seen != 0 || (starts & before_end) != 0};
+      if (ends == 0) return std::nullopt;
+      return DataLine{base + static_cast<std::size_t>(__builtin_ctz(ends)), first_key_start};
     };
     for (; at <= last_base; at += 16) {
       if (auto line = block(at, 0xFFFFU)) return *line;
@@ -99,18 +97,18 @@ DataLine scan_data_line(std::string_view text, std::size_t from) {
     if (at < size - 1) {
       if (auto line = block(last_base, (0xFFFFU << (at - last_base)) & 0xFFFFU)) return *line;
     }
-    may_hold_keys = seen != 0;
     at = size - 1;
   }
 #endif
   for (; at < size; ++at) {
     const char c = data[at];
-    if (is_line_end(c)) return {at, may_hold_keys};
-    if (c == '"' && (at + 1 == size || data[at + 1] == 'u' || data[at + 1] == 'e')) {
-      may_hold_keys = true;
+    if (is_line_end(c)) return {at, first_key_start};
+    if (c == '"' && first_key_start == DataLine::kNone &&
+        (at + 1 == size || data[at + 1] == 'u' || data[at + 1] == 'e')) {
+      first_key_start = at;
     }
   }
-  return {size, may_hold_keys};
+  return {size, first_key_start};
 }
 
 }  // namespace detail
@@ -214,9 +212,10 @@ struct KeysSeen {
   bool error = false;
 };
 
-KeysSeen keys_seen(std::string_view text) {
+// Keys are looked for from `from` on: the caller knows no key starts before.
+KeysSeen keys_seen(std::string_view text, std::size_t from) {
   KeysSeen seen;
-  for (auto at = find_either(text, kUsageKey, kErrorKey);
+  for (auto at = find_either(text, kUsageKey, kErrorKey, from);
        at != std::string_view::npos && !(seen.usage_object && seen.error);
        at = find_either(text, kUsageKey, kErrorKey, at + 1)) {
     if (text[at + 1] == kErrorKey[1]) {
@@ -302,6 +301,49 @@ bool is_usage_only_chunk(const json& doc) {
   auto usage = doc.find("usage");
   return choices != doc.end() && choices->is_array() && choices->empty() && usage != doc.end() &&
          usage->is_object();
+}
+
+// The usage of a payload whose top level holds a usage object with
+// counters (every Chat Completions and Completions usage chunk), read by a
+// scan of the top-level members instead of a parse into a document; and
+// whether the payload is a usage-only chunk. Keys and values other than
+// "usage" and "choices" are delimited, not validated. nullopt for anything
+// else (no such usage object, a key written with escapes, a broken object,
+// text after it): the parser decides those.
+struct TopLevelUsage {
+  Usage usage;
+  bool usage_only_chunk = false;
+};
+
+std::optional<TopLevelUsage> top_level_usage(std::string_view text) {
+  std::optional<ValueSpan> usage;
+  std::optional<ValueSpan> choices;
+  TopLevelMembers members(text);
+  std::string_view key;
+  ValueSpan value;
+  while (members.next(key, value)) {
+    if (key.find('\\') != std::string_view::npos) return std::nullopt;
+    // The last of repeated keys wins, as in a parsed document.
+    if (key == "usage") {
+      usage = value;
+    } else if (key == "choices") {
+      choices = value;
+    }
+  }
+  if (!members.well_formed() || !trim_json_space(text.substr(members.end())).empty() || !usage ||
+      text[usage->begin] != '{') {
+    return std::nullopt;
+  }
+  const auto found = usage_from_usage_object(text.substr(usage->begin, usage->end - usage->begin));
+  if (!found) return std::nullopt;
+  bool empty_choices = false;
+  if (choices && text[choices->begin] == '[') {
+    empty_choices =
+        trim_json_space(text.substr(choices->begin + 1, choices->end - choices->begin - 2))
+            .empty() &&
+        text[choices->end - 1] == ']';
+  }
+  return TopLevelUsage{*found, empty_choices};
 }
 
 void reserve_once(std::string& buffer) {
@@ -469,7 +511,9 @@ void SseScanner::feed(std::string_view piece, std::vector<std::string_view>& out
         if (line_state_ == LineState::value && field_ == Field::data) {
           const auto line = detail::scan_data_line(piece, i);
           end = line.end;
-          take_data(piece.substr(i, end - i), end < size, line.may_hold_keys);
+          const std::size_t key_from =
+              line.first_key_start == detail::DataLine::kNone ? kNoKey : line.first_key_start - i;
+          take_data(piece.substr(i, end - i), end < size, key_from);
         } else {
           end = find_line_end(piece, i);
           if (line_state_ == LineState::value) take_value(piece.substr(i, end - i), end < size);
@@ -552,7 +596,7 @@ void SseScanner::end_line(std::size_t position) {
 
 void SseScanner::take_value(std::string_view bytes, bool line_complete) {
   if (field_ == Field::data) {
-    take_data(bytes, line_complete, true);
+    take_data(bytes, line_complete, 0);
   } else if (field_ == Field::event) {
     for (const char c : bytes) {
       if (event_type_length_ < kNameCapacity) event_type_[event_type_length_] = c;
@@ -570,12 +614,12 @@ void SseScanner::start_data_line() {
   append_data("\n");
 }
 
-void SseScanner::take_data(std::string_view bytes, bool line_complete, bool may_hold_keys) {
+void SseScanner::take_data(std::string_view bytes, bool line_complete, std::size_t key_from) {
   if (holding_ && probe_.rules_out(bytes)) release_held();
   if (overflowed_) return;
   if (line_complete && !value_continued_ && data_lines_ == 1 && !data_in_buffer_) {
     data_view_ = bytes;  // the whole data of the event so far, inside this piece
-    data_view_may_hold_keys_ = may_hold_keys;
+    data_view_key_from_ = key_from;
     return;
   }
   move_data_to_buffer();
@@ -637,8 +681,8 @@ void SseScanner::dispatch(std::size_t end, bool ended_with_cr) {
   if (data_lines_ > 0) {
     ++events_;
     if (!overflowed_) {
-      usage_only = data_in_buffer_ ? inspect(data_, holding_, true)
-                                   : inspect(data_view_, holding_, data_view_may_hold_keys_);
+      usage_only = data_in_buffer_ ? inspect(data_, holding_, 0)
+                                   : inspect(data_view_, holding_, data_view_key_from_);
     }
   }
   if (event_is_error_) saw_error_ = true;
@@ -652,15 +696,24 @@ void SseScanner::dispatch(std::size_t end, bool ended_with_cr) {
   reset_block();
 }
 
-bool SseScanner::inspect(std::string_view payload, bool want_usage_only, bool may_hold_keys) {
+bool SseScanner::inspect(std::string_view payload, bool want_usage_only, std::size_t key_from) {
   const auto text = trim_json_space(payload);
   if (text == "[DONE]") {
     saw_done_ = true;
     return false;
   }
-  if (!may_hold_keys) return false;
-  const auto [may_have_usage, may_have_error] = keys_seen(text);
+  if (key_from == kNoKey) return false;
+  // Where the key may start in the trimmed text.
+  const auto trimmed = static_cast<std::size_t>(text.data() - payload.data());
+  const auto [may_have_usage, may_have_error] =
+      keys_seen(text, key_from > trimmed ? key_from - trimmed : 0);
   if (!may_have_usage && !may_have_error) return false;
+  if (!may_have_error) {
+    if (const auto found = top_level_usage(text)) {
+      usage_ = found->usage;
+      return want_usage_only && found->usage_only_chunk;
+    }
+  }
   const auto doc = json::parse(text.begin(), text.end(), nullptr, false);
   if (!doc.is_object()) return false;
   if (may_have_error && is_error_payload(doc)) saw_error_ = true;
@@ -698,7 +751,7 @@ void SseScanner::reset_block() {
   overflowed_ = false;
   data_lines_ = 0;
   data_view_ = {};
-  data_view_may_hold_keys_ = true;
+  data_view_key_from_ = 0;
   data_in_buffer_ = false;
   data_.clear();
   event_type_length_ = 0;

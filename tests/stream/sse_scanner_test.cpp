@@ -344,20 +344,15 @@ TEST(SseScannerDataLine, AgreesWithAByteByByteReading) {
     for (std::size_t from = 0; from <= text.size(); ++from) {
       std::size_t end = from;
       while (end < text.size() && text[end] != '\n' && text[end] != '\r') ++end;
-      bool key_start = false;
-      bool quote_last = false;
-      for (std::size_t at = from; at < end; ++at) {
-        if (text[at] != '"') continue;
-        if (at + 1 == text.size()) quote_last = true;
-        if (at + 1 < text.size() && (text[at + 1] == 'u' || text[at + 1] == 'e')) key_start = true;
+      std::size_t first_key_start = detail::DataLine::kNone;
+      for (std::size_t at = from; at < end && first_key_start == detail::DataLine::kNone; ++at) {
+        const bool key_start = text[at] == '"' && (at + 1 == text.size() || text[at + 1] == 'u' ||
+                                                   text[at + 1] == 'e');
+        if (key_start) first_key_start = at;
       }
       const auto line = detail::scan_data_line(text, from);
       ASSERT_EQ(line.end, end) << "text '" << text << "' from " << from;
-      if (!quote_last) {
-        ASSERT_EQ(line.may_hold_keys, key_start) << "text '" << text << "' from " << from;
-      } else {
-        ASSERT_TRUE(line.may_hold_keys) << "text '" << text << "' from " << from;
-      }
+      ASSERT_EQ(line.first_key_start, first_key_start) << "text '" << text << "' from " << from;
     }
   }
 }
@@ -369,19 +364,73 @@ TEST(SseScanner, AUsageKeyIsFoundWhereverItFalls) {
     for (std::size_t lead = 0; lead < 20; ++lead) {
       const std::string before = R"({"p":")" + std::string(pad, 'x') + R"(","uxxxe":1,"usagf":{},)";
       const std::string leading_comment = ":" + std::string(lead, 'c') + "\n";
+      // Spaces before the payload, beyond the one the field takes, are JSON's.
+      const std::string field = "data:" + std::string(1 + lead % 3, ' ');
       SseScanner with_usage;
-      feed_whole(with_usage, leading_comment + "data: " + before +
+      feed_whole(with_usage, leading_comment + field + before +
                                  R"("usage":{"prompt_tokens":3,"total_tokens":3}})" + "\n\n");
       EXPECT_EQ(with_usage.usage(), (Usage{3, 0, 3})) << pad << " " << lead;
       SseScanner near_miss;
       feed_whole(near_miss,
                  leading_comment + "data: " + before + R"("usages":{"prompt_tokens":3}})" + "\n\n");
       EXPECT_FALSE(near_miss.usage()) << pad << " " << lead;
+      // A null usage and an error key before the object are passed over.
+      SseScanner after_null;
+      feed_whole(after_null, leading_comment + field + R"({"error":null,"usage":null,)" +
+                                 before.substr(1) + R"("usage":{"total_tokens":5}})" + "\n\n");
+      EXPECT_EQ(after_null.usage(), (Usage{0, 0, 5})) << pad << " " << lead;
+      EXPECT_FALSE(after_null.saw_error()) << pad << " " << lead;
       SseScanner carriage_returns;
       feed_whole(carriage_returns, leading_comment + "data: " + before +
                                        R"("usage":{"total_tokens":4}})" + "\r\n\r\n");
       EXPECT_EQ(carriage_returns.usage(), (Usage{0, 0, 4})) << pad << " " << lead;
     }
+  }
+}
+
+// A usage object at the payload's top level is read by a scan, everything
+// else by the JSON parser; either way each payload below comes to the same.
+TEST(SseScanner, UsageChunksReadWithOrWithoutTheParser) {
+  struct Case {
+    std::string payload;
+    std::optional<Usage> usage;
+    bool stripped;
+    bool error;
+  };
+  const std::string counts = R"({"prompt_tokens":1,"completion_tokens":2,"total_tokens":3})";
+  const std::vector<Case> cases = {
+      {R"({"id":"c","choices":[],"usage":)" + counts + "}", Usage{1, 2, 3}, true, false},
+      {R"( { "choices" : [ ] , "usage" : )" + counts + " } ", Usage{1, 2, 3}, true, false},
+      {R"({"choices":[{"index":0}],"usage":)" + counts + "}", Usage{1, 2, 3}, false, false},
+      {R"({"choices":{},"usage":)" + counts + "}", Usage{1, 2, 3}, false, false},
+      {R"({"usage":)" + counts + "}", Usage{1, 2, 3}, false, false},
+      // The last of repeated keys wins, also when one is written with escapes.
+      {R"({"choices":[],"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}})", Usage{2, 0, 2},
+       true, false},
+      {R"({"choices":[],"usage":{"prompt_tokens":1},"us\u0061ge":{"prompt_tokens":4}})",
+       Usage{4, 0, 4}, true, false},
+      // No counters at the top: a nested usage object counts.
+      {R"({"usage":{},"response":{"usage":{"input_tokens":4,"output_tokens":1}}})", Usage{4, 1, 5},
+       false, false},
+      {R"({"type":"response.completed","response":{"usage":{"input_tokens":4}}})", Usage{4, 0, 4},
+       false, false},
+      // Not a JSON object: nothing is read, nothing is stripped.
+      {R"({"choices":[],"usage":{"prompt_tokens":1}} trailing)", std::nullopt, false, false},
+      {R"({"choices":[],"usage":{"prompt_tokens":1})", std::nullopt, false, false},
+      {R"({"choices":[] "usage":{"prompt_tokens":1}})", std::nullopt, false, false},
+      // An error beside the usage.
+      {R"({"choices":[],"usage":{"prompt_tokens":1},"error":{"message":"m"}})", Usage{1, 0, 1},
+       true, true},
+      {R"({"type":"error","usage":{"prompt_tokens":1}})", Usage{1, 0, 1}, false, true},
+  };
+  for (const auto& test : cases) {
+    const std::string event = "data: " + test.payload + "\n\n";
+    SseScanner scanner;
+    scanner.set_strip_usage_only_chunks(true);
+    const auto outcome = feed_whole(scanner, event);
+    EXPECT_EQ(scanner.usage(), test.usage) << test.payload;
+    EXPECT_EQ(outcome.written, test.stripped ? "" : event) << test.payload;
+    EXPECT_EQ(scanner.saw_error(), test.error) << test.payload;
   }
 }
 

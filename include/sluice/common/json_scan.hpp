@@ -31,6 +31,9 @@ class TopLevelMembers {
   // structure breaks (well_formed() tells which).
   bool next(std::string_view& key, ValueSpan& value);
   bool well_formed() const { return state_ != State::broken; }
+  // Once next() has returned false on a well-formed object: just past its
+  // closing brace.
+  std::size_t end() const { return pos_; }
 
  private:
   enum class State { before_object, in_object, done, broken };

@@ -53,14 +53,15 @@ class UsageOnlyProbe {
 };
 
 // Where a line that starts at `from` ends (its first '\n' or '\r', or the
-// end of `text`), and whether a quote followed by 'u' or 'e' comes before
-// that end. Every `"usage"` and `"error"` key begins so and most token chunks
-// have neither, so one pass over an event's bytes both ends its line and
-// spares it the search for those keys. The flag may be set without such a
-// pair only for a quote that is the text's last byte.
+// end of `text`), and where the first quote followed by 'u' or 'e' before
+// that end is. Every `"usage"` and `"error"` key begins so, and most token
+// chunks have neither, so one pass over an event's bytes both ends its line
+// and tells where a search for those keys can start, if anywhere. A quote
+// that is the text's last byte counts too (the byte after it is unknown).
 struct DataLine {
+  static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
   std::size_t end = 0;
-  bool may_hold_keys = false;
+  std::size_t first_key_start = kNone;
 };
 DataLine scan_data_line(std::string_view text, std::size_t from);
 
@@ -136,12 +137,15 @@ class SseScanner {
   enum class Field : std::uint8_t { data, event, other };
   static constexpr std::size_t kNameCapacity = 8;
   static constexpr std::size_t kNoRun = static_cast<std::size_t>(-1);
+  static constexpr std::size_t kNoKey = static_cast<std::size_t>(-1);
 
   void begin_block(std::size_t position);
   void start_field();
   void end_line(std::size_t position);
   void take_value(std::string_view bytes, bool line_complete);
-  void take_data(std::string_view bytes, bool line_complete, bool may_hold_keys);
+  // `key_from`: where in `bytes` a "usage" or "error" key may first start
+  // (kNoKey: none does).
+  void take_data(std::string_view bytes, bool line_complete, std::size_t key_from);
   void start_data_line();
   void move_data_to_buffer();
   void append_data(std::string_view bytes);
@@ -149,7 +153,7 @@ class SseScanner {
   void release_held();
   void drop_held(std::size_t end, bool ended_with_cr);
   void dispatch(std::size_t end, bool ended_with_cr);
-  bool inspect(std::string_view payload, bool want_usage_only, bool may_hold_keys);
+  bool inspect(std::string_view payload, bool want_usage_only, std::size_t key_from);
   void end_of_piece();
   void reset_block();
 
@@ -181,7 +185,7 @@ class SseScanner {
   // The data is either one value inside the current piece (no copy) or, once
   // it spans lines or pieces, joined in data_.
   std::string_view data_view_;
-  bool data_view_may_hold_keys_ = true;  // false only when its line scan saw no key's start
+  std::size_t data_view_key_from_ = 0;  // where in it a key may first start, or kNoKey
   bool data_in_buffer_ = false;
   std::string data_;
 
