@@ -609,13 +609,11 @@ void SseScanner::start_data_line() {
   ++data_lines_;
   if (data_lines_ == 1) return;
   // Data lines join with '\n'.
-  if (holding_ && probe_.rules_out("\n")) release_held();
   move_data_to_buffer();
   append_data("\n");
 }
 
 void SseScanner::take_data(std::string_view bytes, bool line_complete, std::size_t key_from) {
-  if (holding_ && probe_.rules_out(bytes)) release_held();
   if (overflowed_) return;
   if (line_complete && !value_continued_ && data_lines_ == 1 && !data_in_buffer_) {
     data_view_ = bytes;  // the whole data of the event so far, inside this piece
@@ -727,6 +725,14 @@ void SseScanner::end_of_piece() {
   // Views into the piece end with this call. This may hit the cap and
   // release the held event, so it goes before the output is settled.
   if (in_block_ && data_lines_ > 0) move_data_to_buffer();
+  // An event that goes on into the next piece is released now if what came
+  // of its data so far rules out a usage-only chunk. One that ended in this
+  // piece was decided at its end, so the probe reads only the events that
+  // straddle reads, not every event's bytes.
+  if (holding_ && !overflowed_) {
+    if (probe_.rules_out(std::string_view(data_).substr(probed_))) release_held();
+    probed_ = data_.size();
+  }
   if (holding_) {
     auto& held = held_[held_index_];
     if (held.size() + (size - hold_start_) > max_carry_) {
@@ -752,6 +758,7 @@ void SseScanner::reset_block() {
   data_lines_ = 0;
   data_view_ = {};
   data_view_key_from_ = 0;
+  probed_ = 0;
   data_in_buffer_ = false;
   data_.clear();
   event_type_length_ = 0;

@@ -588,6 +588,35 @@ TEST(SseScanner, StripReleasesAPartialContentChunkOnceChoicesShowAnItem) {
   EXPECT_EQ(out[0].data(), rest.data());
 }
 
+// The probe reads each piece's new bytes of the event once, whatever the
+// number of reads the event is split over.
+TEST(SseScanner, StripReleasesAnEventOfManyReadsWithTheReadThatShowsAnItem) {
+  const std::string chunk = content_chunk("Hello");
+  const auto item_end = chunk.find("\"choices\":[{") + 12;  // just past the '{'
+  for (std::size_t step = 1; step <= 9; ++step) {
+    SseScanner scanner;
+    scanner.set_strip_usage_only_chunks(true);
+    std::vector<std::string_view> out;
+    std::string written;
+    std::vector<std::string> pieces;
+    for (std::size_t at = 0; at < chunk.size(); at += step)
+      pieces.push_back(chunk.substr(at, step));
+    std::size_t fed = 0;
+    for (const auto& piece : pieces) {
+      out.clear();
+      scanner.feed(piece, out);
+      fed += piece.size();
+      for (auto span : out) written += span;
+      if (fed < item_end) {
+        EXPECT_TRUE(written.empty()) << "step " << step << " at " << fed;
+      } else if (fed < chunk.size()) {
+        EXPECT_EQ(written, chunk.substr(0, fed)) << "step " << step << " at " << fed;
+      }
+    }
+    EXPECT_EQ(written, chunk) << "step " << step;
+  }
+}
+
 TEST(SseScanner, StripHoldsBackOnlyTheTrailingPartialEvent) {
   SseScanner scanner;
   scanner.set_strip_usage_only_chunks(true);

@@ -84,9 +84,10 @@ DataLine scan_data_line(std::string_view text, std::size_t from);
 // top-level "choices" is an empty array and whose top-level "usage" is an
 // object is recorded and not passed on (the gateway asked the upstream for
 // usage the client did not ask for). Bytes of an event that may still turn
-// out to be such a chunk wait in a carry until its end; an event is released
-// as soon as its payload shows otherwise (e.g. at `"choices":[{`), so token
-// chunks are never delayed past their own piece. Without stripping nothing
+// out to be such a chunk wait in a carry until its end; an event that goes
+// on past the piece is released with the piece if its payload so far shows
+// otherwise (e.g. `"choices":[{`), so token chunks are never delayed past
+// their own piece. Without stripping nothing
 // is ever held back and `feed` answers with exactly `{piece}`.
 //
 // Carry cap: an event that has to be carried across pieces is inspected only
@@ -193,6 +194,7 @@ class SseScanner {
   // out by one call stay valid while the next event is being held.
   bool holding_ = false;
   detail::UsageOnlyProbe probe_;
+  std::size_t probed_ = 0;  // bytes of the event's data the probe has read
   std::string held_[2];
   int held_index_ = 0;
 
