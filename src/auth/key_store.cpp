@@ -4,6 +4,7 @@
 #include <openssl/sha.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 namespace sluice::auth {
@@ -46,7 +47,18 @@ Sha256 sha256(std::string_view data) {
 }
 #pragma GCC diagnostic pop
 
-KeyStore::KeyStore(const config::Auth& auth) {
+namespace {
+
+std::uint64_t next_store_id() {
+  static std::atomic<std::uint64_t> last{0};
+  return last.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
+}  // namespace
+
+KeyStore::KeyStore() : id_(next_store_id()) {}
+
+KeyStore::KeyStore(const config::Auth& auth) : id_(next_store_id()) {
   keys_.reserve(auth.keys.size());
   by_digest_.reserve(auth.keys.size());
   for (const config::ApiKey& key : auth.keys) {
@@ -65,6 +77,28 @@ const KeyPolicy* KeyStore::authenticate(std::string_view presented) const {
   if (candidate == by_digest_.end()) return nullptr;
   if (CRYPTO_memcmp(candidate->first.data(), digest.data(), digest.size()) != 0) return nullptr;
   return &keys_[candidate->second];
+}
+
+const KeyPolicy* KeyMemo::authenticate(const KeyStore& store, std::string_view presented) {
+  if (store_id_ == store.id() && !presented.empty() && presented.size() == secret_.size() &&
+      CRYPTO_memcmp(presented.data(), secret_.data(), presented.size()) == 0) {
+    return key_;
+  }
+  const KeyPolicy* key = store.authenticate(presented);
+  forget();
+  if (presented.size() <= kLongestSecret) {
+    secret_.assign(presented);
+    store_id_ = store.id();
+    key_ = key;
+  }
+  return key;
+}
+
+void KeyMemo::forget() {
+  if (!secret_.empty()) OPENSSL_cleanse(secret_.data(), secret_.size());
+  secret_.clear();
+  store_id_ = 0;
+  key_ = nullptr;
 }
 
 bool glob_match(std::string_view pattern, std::string_view text) {

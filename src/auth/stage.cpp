@@ -196,7 +196,9 @@ Admission AuthStage::admit(const AuthRequest& request) const {
     admission.error = missing_key();
     return admission;
   }
-  const KeyPolicy* key = store_.authenticate(request.presented_key_or_empty);
+  const KeyPolicy* key = request.memo != nullptr
+                             ? request.memo->authenticate(store_, request.presented_key_or_empty)
+                             : store_.authenticate(request.presented_key_or_empty);
   if (key == nullptr) {
     admission.error = incorrect_key();
     return admission;

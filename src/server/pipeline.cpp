@@ -886,7 +886,8 @@ Screening screen_request(RequestContext& context, ProxyJob& job) {
       return refuse(ApiError::method_not_allowed(request.method_string(), path),
                     "Allow: GET, HEAD\r\n");
     }
-    job.admission = auth.admit({presented_key.value_or(""), "", 0, context.body_read});
+    job.admission =
+        auth.admit({presented_key.value_or(""), "", 0, context.body_read, &context.key_memo});
     job.admission.append_headers(context.response_fields);
     context.key = job.admission.key;
     if (!job.admission.allowed()) return refuse(*job.admission.error);
@@ -921,7 +922,8 @@ Screening screen_request(RequestContext& context, ProxyJob& job) {
     }
   }
   job.admission = auth.admit({presented_key.value_or(""), model_name,
-                              auth::estimate_tokens(body.size(), max_tokens), context.body_read});
+                              auth::estimate_tokens(body.size(), max_tokens), context.body_read,
+                              &context.key_memo});
   job.admission.append_headers(context.response_fields);
   // Refused requests are logged with the key and model too: a 429 is worth
   // little to an operator without knowing whose.

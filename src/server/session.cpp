@@ -109,6 +109,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
   // The request reads' deadline; the stream's own expiry serves its writes.
   SocketDeadline read_deadline(client.socket());
   stream::ClientWatch watch(client.socket(), buffer);
+  auth::KeyMemo key_memo;
   ClientConnection tracked{&client.socket()};
   worker.track(&tracked);
 
@@ -174,13 +175,9 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     }
     read_deadline.expires_never();
 
-    RequestContext context{worker,
-                           snapshot,
-                           request,
-                           client,
-                           relay_buffers,
-                           watch,
-                           request.keep_alive() && !gateway.draining()};
+    RequestContext context{
+        worker,        snapshot, request,  client,
+        relay_buffers, watch,    key_memo, request.keep_alive() && !gateway.draining()};
     context.request_id = request_id_for(request, worker);
     context.head_started = head_started;
     context.body_read = Clock::now();

@@ -7,6 +7,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 namespace sluice::auth {
 namespace {
@@ -111,6 +112,55 @@ struct Headers {
 
 std::optional<std::string_view> extract(const Headers& headers) {
   return extract_presented_key(headers);
+}
+
+// A connection's memo answers as the store does, whatever the order of the
+// secrets it sees, and never from a store other than the one it remembers.
+TEST(KeyMemo, AnswersAsTheStoreDoes) {
+  auto config = two_key_config();
+  KeyStore store(config->auth);
+  KeyMemo memo;
+  // A prefix of the remembered secret, and a secret it is a prefix of.
+  const std::vector<std::string> secrets = {
+      "sk-team-a-0123", "sk-team-a-0123",      "sk-team-a-012",
+      "sk-team-a-0123", "sk-team-a-01234",     "team-b-secret-key",
+      "sk-team-a-0124", "sk-team-a-0124",      "",
+      "sk-team-a-0123", std::string(600, 'k'), std::string(600, 'k'),
+      "sk-team-a-0123"};
+  for (const auto& secret : secrets) {
+    EXPECT_EQ(memo.authenticate(store, secret), store.authenticate(secret)) << secret;
+  }
+  ASSERT_NE(memo.authenticate(store, "team-b-secret-key"), nullptr);
+  EXPECT_EQ(memo.authenticate(store, "team-b-secret-key")->name, "team-b");
+}
+
+TEST(KeyMemo, AReloadedStoreIsAskedAgain) {
+  auto config = two_key_config();
+  KeyMemo memo;
+  {
+    KeyStore before(config->auth);
+    ASSERT_NE(memo.authenticate(before, "sk-team-a-0123"), nullptr);
+  }
+  // team-a is gone from the new config; the new store may even sit where
+  // the old one was.
+  auto without_a = config::load_string(std::string("auth:\n"
+                                                   "  keys:\n"
+                                                   "    - name: team-b\n"
+                                                   "      key_sha256: ") +
+                                           kTeamBDigestHex +
+                                           "\n"
+                                           "models:\n"
+                                           "  - name: m\n"
+                                           "    deployments:\n"
+                                           "      - base_url: http://127.0.0.1:8000\n",
+                                       fake_env({}));
+  KeyStore after(without_a->auth);
+  EXPECT_EQ(memo.authenticate(after, "sk-team-a-0123"), nullptr);
+  const KeyPolicy* b = memo.authenticate(after, "team-b-secret-key");
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b, &after.keys()[0]);
+  memo.forget();
+  EXPECT_EQ(memo.authenticate(after, "team-b-secret-key"), b);
 }
 
 TEST(ExtractPresentedKey, BearerAuthorization) {

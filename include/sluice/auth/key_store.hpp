@@ -3,6 +3,7 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -32,7 +33,7 @@ struct KeyPolicy {
 // The client keys of one config snapshot.
 class KeyStore {
  public:
-  KeyStore() = default;
+  KeyStore();
   explicit KeyStore(const config::Auth& auth);
 
   // The key whose secret is `presented`, or nullptr. Hashes the presented
@@ -44,10 +45,44 @@ class KeyStore {
   // In config order, so an index into this is stable for one snapshot.
   const std::vector<KeyPolicy>& keys() const { return keys_; }
 
+  // Unique in the process, so that a KeyMemo tells this store from one
+  // built later at the same address.
+  std::uint64_t id() const { return id_; }
+
  private:
+  std::uint64_t id_;
   std::vector<KeyPolicy> keys_;
   // (digest, index into keys_) sorted by digest, for a binary search.
   std::vector<std::pair<Sha256, std::size_t>> by_digest_;
+};
+
+// The secret a client connection presented last and what it was found to
+// be, so that the connection's next requests with the same secret skip
+// hashing it: SHA-256 is most of what authenticating a request costs. One
+// per connection, used on its thread only. The secret stays in memory as
+// long as the connection (it came in every request's head anyway) and is
+// wiped when replaced or forgotten.
+class KeyMemo {
+ public:
+  // Longer secrets are not remembered.
+  static constexpr std::size_t kLongestSecret = 512;
+
+  KeyMemo() = default;
+  KeyMemo(const KeyMemo&) = delete;
+  KeyMemo& operator=(const KeyMemo&) = delete;
+  ~KeyMemo() { forget(); }
+
+  // What store.authenticate(presented) answers. The secret is compared in
+  // constant time; a store other than the one remembered (a reload) hashes
+  // it again.
+  const KeyPolicy* authenticate(const KeyStore& store, std::string_view presented);
+
+  void forget();
+
+ private:
+  std::uint64_t store_id_ = 0;  // none
+  std::string secret_;
+  const KeyPolicy* key_ = nullptr;
 };
 
 // Whether `text` matches `pattern`, where * stands for any run of

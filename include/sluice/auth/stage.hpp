@@ -38,6 +38,8 @@ struct AuthRequest {
   // 0 charges no tokens up front and skips the TPM check (nothing to reserve).
   std::uint64_t estimated_tokens = 0;
   TimePoint now;
+  // The client connection's, if it has one: the key is looked up through it.
+  KeyMemo* memo = nullptr;
 };
 
 // OpenAI's x-ratelimit-* values, for the limits a key has configured.

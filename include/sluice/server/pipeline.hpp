@@ -30,6 +30,7 @@ struct RequestContext {
   boost::beast::tcp_stream& client;
   stream::Relay::Buffers& relay_buffers;  // reused by every request on the connection
   stream::ClientWatch& watch;             // the connection's, started for each proxied request
+  auth::KeyMemo& key_memo;                // the key the connection presented last
   bool keep_alive = true;
 
   std::string request_id{};
