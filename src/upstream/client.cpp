@@ -142,13 +142,16 @@ std::optional<Result<std::size_t, UpstreamError>> Exchange::read_buffered_body(
     error_code ec;
     const std::size_t used = parser_->put(buffered.data(), ec);
     buffered.consume(used);
-    if (parser_waits(ec)) ec = {};
+    // A parser that waits has taken all it can of what is buffered (an
+    // event's chunk leaves the CRLF after its data for the next read).
+    const bool waits = parser_waits(ec);
+    if (waits) ec = {};
     if (ec) {
       failed_ = true;
       return classify(ec, false);
     }
     // Pieces that arrived together (chunks, events) leave as one write.
-    if (used == 0 || buffered.size() == 0 || parser_->body_space_left() == 0) break;
+    if (waits || used == 0 || buffered.size() == 0 || parser_->body_space_left() == 0) break;
   }
   if (auto produced = body_produced(*parser_, capacity)) return *produced;
   return std::nullopt;
