@@ -483,6 +483,11 @@ class BodyScanner {
 
 }  // namespace
 
+bool is_valid_json(std::string_view text, int max_depth) {
+  BodyScanner scanner(text, max_depth);
+  return scanner.scan();
+}
+
 Result<RequestBody, ApiError> inspect_request_body(std::string_view body, int max_depth) {
   BodyScanner scanner(body, max_depth);
   const bool ok = scanner.scan();

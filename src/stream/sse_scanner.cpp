@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/common/json_scan.hpp"
+#include "sluice/common/request_body.hpp"
 
 namespace sluice::stream {
 
@@ -306,10 +307,10 @@ bool is_usage_only_chunk(const json& doc) {
 // The usage of a payload whose top level holds a usage object with
 // counters (every Chat Completions and Completions usage chunk), read by a
 // scan of the top-level members instead of a parse into a document; and
-// whether the payload is a usage-only chunk. Keys and values other than
-// "usage" and "choices" are delimited, not validated. nullopt for anything
-// else (no such usage object, a key written with escapes, a broken object,
-// text after it): the parser decides those.
+// whether the payload is a usage-only chunk. The payload is validated as
+// the parser would (an event is dropped only if it is valid JSON), without
+// building anything. nullopt for anything else (no such usage object, a
+// key written with escapes, invalid JSON): the parser decides those.
 struct TopLevelUsage {
   Usage usage;
   bool usage_only_chunk = false;
@@ -331,7 +332,7 @@ std::optional<TopLevelUsage> top_level_usage(std::string_view text) {
     }
   }
   if (!members.well_formed() || !trim_json_space(text.substr(members.end())).empty() || !usage ||
-      text[usage->begin] != '{') {
+      text[usage->begin] != '{' || !is_valid_json(text)) {
     return std::nullopt;
   }
   const auto found = usage_from_usage_object(text.substr(usage->begin, usage->end - usage->begin));
@@ -685,7 +686,11 @@ void SseScanner::dispatch(std::size_t end, bool ended_with_cr) {
   }
   if (event_is_error_) saw_error_ = true;
   if (holding_) {
-    if (usage_only) {
+    // The probe has the last word, as it would have had reading the event
+    // as it came (a repeated "choices", bytes after the object): whether an
+    // event is dropped must not depend on where the reads split it.
+    const std::string_view data = data_in_buffer_ ? std::string_view(data_) : data_view_;
+    if (usage_only && !probe_.rules_out(data.substr(std::min(probed_, data.size())))) {
       drop_held(end, ended_with_cr);
     } else {
       release_held();

@@ -414,10 +414,21 @@ TEST(SseScanner, UsageChunksReadWithOrWithoutTheParser) {
        false, false},
       {R"({"type":"response.completed","response":{"usage":{"input_tokens":4}}})", Usage{4, 0, 4},
        false, false},
-      // Not a JSON object: nothing is read, nothing is stripped.
+      // Not valid JSON: nothing is read, nothing is stripped, wherever the
+      // fault is.
       {R"({"choices":[],"usage":{"prompt_tokens":1}} trailing)", std::nullopt, false, false},
+      {R"({"created":12a3,"choices":[],"usage":{"prompt_tokens":1}})", std::nullopt, false, false},
+      {R"({"id":"\x","choices":[],"usage":{"prompt_tokens":1}})", std::nullopt, false, false},
+      {R"({"choices":[],"usage":{"prompt_tokens":1,"details":{"a":tru}}})", std::nullopt, false,
+       false},
       {R"({"choices":[],"usage":{"prompt_tokens":1})", std::nullopt, false, false},
       {R"({"choices":[] "usage":{"prompt_tokens":1}})", std::nullopt, false, false},
+      // Read as it came, these are ruled out before their end (a first
+      // "choices" with an item, a NUL after the object, which the parser
+      // takes for the end of its input): kept however the reads split them.
+      {R"({"choices":[1],"choices":[],"usage":{"prompt_tokens":1}})", Usage{1, 0, 1}, false, false},
+      {std::string(R"({"choices":[],"usage":{"prompt_tokens":1}})") + '\0' + "@", Usage{1, 0, 1},
+       false, false},
       // An error beside the usage.
       {R"({"choices":[],"usage":{"prompt_tokens":1},"error":{"message":"m"}})", Usage{1, 0, 1},
        true, true},

@@ -39,6 +39,11 @@ inline constexpr int kMaxJsonDepth = 64;
 Result<RequestBody, ApiError> inspect_request_body(std::string_view body,
                                                    int max_depth = kMaxJsonDepth);
 
+// Whether `text` is one JSON value, by the same checks inspect_request_body
+// makes (a strict parser's verdicts: grammar, UTF-8, escapes, numbers) and
+// nested at most `max_depth` deep. Builds nothing.
+bool is_valid_json(std::string_view text, int max_depth = kMaxJsonDepth);
+
 // A body as forwarded upstream: before_model + the upstream model literal +
 // after_model + closing. Members may be added between after_model and closing
 // (which starts at the top-level object's closing brace).
