@@ -102,7 +102,9 @@ TEST(RelaySocket, AcceptedSocketIsTakenAsNonBlockingWithoutAnIoctl) {
   // write_now writes to a socket only when Asio says it is non-blocking.
   EXPECT_TRUE(accepted.socket.non_blocking());
   EXPECT_TRUE(descriptor_is_non_blocking(accepted.socket.native_handle()));
-  if (SLUICE_HAS_DRAIN_AWARE_READ) EXPECT_EQ(counted_ioctls.load(), 0);
+  if (SLUICE_HAS_DRAIN_AWARE_READ) {
+    EXPECT_EQ(counted_ioctls.load(), 0);
+  }
 }
 
 TEST(RelaySocket, AcceptedSocketClosesWithoutLeavingEpollFirst) {
@@ -114,7 +116,9 @@ TEST(RelaySocket, AcceptedSocketClosesWithoutLeavingEpollFirst) {
     accepted.socket.close();
     counted_descriptor = -1;
     // Asio's own close of an assigned socket, then the prepared one.
-    if (SLUICE_HAS_DRAIN_AWARE_READ) EXPECT_EQ(counted_epoll_deletions.load(), prepared ? 0 : 1);
+    if (SLUICE_HAS_DRAIN_AWARE_READ) {
+      EXPECT_EQ(counted_epoll_deletions.load(), prepared ? 0 : 1);
+    }
   }
 }
 
@@ -134,7 +138,9 @@ TEST(RelaySocket, ConnectedSocketIsReadiedWithoutAnotherIoctl) {
   EXPECT_TRUE(upstream.non_blocking());
   // Asio's connect made the descriptor non-blocking; nothing else needs to.
   EXPECT_TRUE(descriptor_is_non_blocking(upstream.native_handle()));
-  if (SLUICE_HAS_DRAIN_AWARE_READ) EXPECT_EQ(counted_ioctls.load(), 0);
+  if (SLUICE_HAS_DRAIN_AWARE_READ) {
+    EXPECT_EQ(counted_ioctls.load(), 0);
+  }
   EXPECT_EQ(tcp_option(upstream.native_handle(), TCP_NODELAY), 1);
   EXPECT_EQ(tcp_option(upstream.native_handle(), TCP_INQ), 1);
 }
