@@ -24,22 +24,28 @@ config::EnvLookup fake_env(std::map<std::string, std::string> variables) {
 constexpr const char* kTeamBDigestHex =
     "ee612764d423b3100701813d8aac3dbdbe1e78e1a47270b83df6d8cacc23d47c";
 
-config::ConfigPtr two_key_config() {
-  return config::load_string(std::string("auth:\n"
-                                         "  keys:\n"
-                                         "    - name: team-a\n"
-                                         "      key: ${TEAM_A_KEY}\n"
-                                         "      models: [gpt-4o-mini, \"chat-*\"]\n"
-                                         "    - name: team-b\n"
-                                         "      key_sha256: ") +
-                                 kTeamBDigestHex +
-                                 "\n"
-                                 "models:\n"
-                                 "  - name: m\n"
-                                 "    deployments:\n"
-                                 "      - base_url: http://127.0.0.1:8000\n",
-                             fake_env({{"TEAM_A_KEY", "sk-team-a-0123"}}));
+// team-a (and its models) unless `with_team_a` is false, then team-b.
+config::ConfigPtr key_config(bool with_team_a) {
+  const std::string team_a = with_team_a ? "    - name: team-a\n"
+                                           "      key: ${TEAM_A_KEY}\n"
+                                           "      models: [gpt-4o-mini, \"chat-*\"]\n"
+                                         : "";
+  return config::load_string(
+      "auth:\n"
+      "  keys:\n" +
+          team_a +
+          "    - name: team-b\n"
+          "      key_sha256: " +
+          kTeamBDigestHex +
+          "\n"
+          "models:\n"
+          "  - name: m\n"
+          "    deployments:\n"
+          "      - base_url: http://127.0.0.1:8000\n",
+      fake_env({{"TEAM_A_KEY", "sk-team-a-0123"}}));
 }
+
+config::ConfigPtr two_key_config() { return key_config(true); }
 
 TEST(Sha256, MatchesKnownDigests) {
   // FIPS 180-2 test vector, and the digest the example above relies on.
@@ -143,17 +149,7 @@ TEST(KeyMemo, AReloadedStoreIsAskedAgain) {
   }
   // team-a is gone from the new config; the new store may even sit where
   // the old one was.
-  auto without_a = config::load_string(std::string("auth:\n"
-                                                   "  keys:\n"
-                                                   "    - name: team-b\n"
-                                                   "      key_sha256: ") +
-                                           kTeamBDigestHex +
-                                           "\n"
-                                           "models:\n"
-                                           "  - name: m\n"
-                                           "    deployments:\n"
-                                           "      - base_url: http://127.0.0.1:8000\n",
-                                       fake_env({}));
+  auto without_a = key_config(false);
   KeyStore after(without_a->auth);
   EXPECT_EQ(memo.authenticate(after, "sk-team-a-0123"), nullptr);
   const KeyPolicy* b = memo.authenticate(after, "team-b-secret-key");
