@@ -179,7 +179,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     while (!read) {
       // A plain connection's read is awaited here, not through read_body's
       // coroutine: that would be a frame more for every event of a stream.
-      auto plain = exchange.begin_plain_body_read(buffers_.read.data(), buffers_.read.size());
+      auto plain = exchange.begin_plain_body_read();
       if (!plain) {
         read = co_await exchange.read_body(buffers_.read.data(), buffers_.read.size());
         break;

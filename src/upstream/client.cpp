@@ -157,12 +157,14 @@ std::optional<Result<std::size_t, UpstreamError>> Exchange::read_buffered_body(
   return std::nullopt;
 }
 
-std::optional<Exchange::PlainBodyRead> Exchange::begin_plain_body_read(char* data,
-                                                                       std::size_t capacity) {
+TimePoint Exchange::body_read_deadline() const {
+  return std::min(Clock::now() + limits_.idle, limits_.deadline);
+}
+
+std::optional<Exchange::PlainBodyRead> Exchange::begin_plain_body_read() {
   auto* socket = connection_->plain_socket();
   if (socket == nullptr) return std::nullopt;
-  parser_->set_body_buffer(data, capacity);
-  connection_->read_deadline().expires_at(std::min(Clock::now() + limits_.idle, limits_.deadline));
+  connection_->read_deadline().expires_at(body_read_deadline());
   auto& buffered = connection_->read_buffer();
   const std::size_t room = read_room(buffered);
   if (room == 0) return PlainBodyRead{*socket, {}};
@@ -188,7 +190,7 @@ net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* dat
   // The caller found nothing buffered to return (read_buffered_body), so
   // the socket is read first.
   for (;;) {
-    if (auto plain = begin_plain_body_read(data, capacity)) {
+    if (auto plain = begin_plain_body_read()) {
       auto [read_ec, n] =
           co_await drain_aware_read_some(plain->socket, plain->room, as_tuple(use_awaitable));
       if (auto produced = finish_plain_body_read(read_ec, n, data, capacity)) co_return *produced;
@@ -196,7 +198,7 @@ net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* dat
     }
     // Beast's read parses into the body buffer set here.
     parser_->set_body_buffer(data, capacity);
-    connection_->tcp().expires_at(std::min(Clock::now() + limits_.idle, limits_.deadline));
+    connection_->tcp().expires_at(body_read_deadline());
     auto [tls_ec, unused] = co_await http::async_read_some(
         *connection_, connection_->read_buffer(), parser_->beast_parser(), as_tuple(use_awaitable));
     const error_code ec = tls_ec == http::error::need_buffer ? error_code{} : tls_ec;

@@ -157,7 +157,7 @@ class Exchange {
     boost::asio::ip::tcp::socket& socket;
     boost::asio::mutable_buffer room;  // empty when the buffer is full
   };
-  std::optional<PlainBodyRead> begin_plain_body_read(char* data, std::size_t capacity);
+  std::optional<PlainBodyRead> begin_plain_body_read();
   std::optional<Result<std::size_t, UpstreamError>> finish_plain_body_read(error_code ec,
                                                                            std::size_t bytes,
                                                                            char* data,
@@ -169,6 +169,9 @@ class Exchange {
  private:
   friend class Client;
   UpstreamError classify(const error_code& ec, bool expecting_head) const;
+  // When the next body read gives up: timeouts.idle from now, or the total
+  // deadline if that comes first.
+  TimePoint body_read_deadline() const;
   void reset_parser();
 
   Pool& pool_;
