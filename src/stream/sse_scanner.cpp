@@ -512,8 +512,9 @@ void SseScanner::feed(std::string_view piece, std::vector<std::string_view>& out
         if (line_state_ == LineState::value && field_ == Field::data) {
           const auto line = detail::scan_data_line(piece, i);
           end = line.end;
-          const std::size_t key_from =
-              line.first_key_start == detail::DataLine::kNone ? kNoKey : line.first_key_start - i;
+          const std::size_t key_from = line.first_key_start == detail::DataLine::kNone
+                                           ? detail::DataLine::kNone
+                                           : line.first_key_start - i;
           take_data(piece.substr(i, end - i), end < size, key_from);
         } else {
           end = find_line_end(piece, i);
@@ -680,8 +681,7 @@ void SseScanner::dispatch(std::size_t end, bool ended_with_cr) {
   if (data_lines_ > 0) {
     ++events_;
     if (!overflowed_) {
-      usage_only = data_in_buffer_ ? inspect(data_, holding_, 0)
-                                   : inspect(data_view_, holding_, data_view_key_from_);
+      usage_only = inspect(data(), holding_, data_in_buffer_ ? 0 : data_view_key_from_);
     }
   }
   if (event_is_error_) saw_error_ = true;
@@ -689,8 +689,7 @@ void SseScanner::dispatch(std::size_t end, bool ended_with_cr) {
     // The probe has the last word, as it would have had reading the event
     // as it came (a repeated "choices", bytes after the object): whether an
     // event is dropped must not depend on where the reads split it.
-    const std::string_view data = data_in_buffer_ ? std::string_view(data_) : data_view_;
-    if (usage_only && !probe_.rules_out(data.substr(std::min(probed_, data.size())))) {
+    if (usage_only && !probe_.rules_out(data().substr(std::min(probed_, data().size())))) {
       drop_held(end, ended_with_cr);
     } else {
       release_held();
@@ -705,7 +704,7 @@ bool SseScanner::inspect(std::string_view payload, bool want_usage_only, std::si
     saw_done_ = true;
     return false;
   }
-  if (key_from == kNoKey) return false;
+  if (key_from == detail::DataLine::kNone) return false;
   // Where the key may start in the trimmed text.
   const auto trimmed = static_cast<std::size_t>(text.data() - payload.data());
   const auto [may_have_usage, may_have_error] =

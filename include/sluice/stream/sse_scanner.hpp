@@ -138,17 +138,18 @@ class SseScanner {
   enum class Field : std::uint8_t { data, event, other };
   static constexpr std::size_t kNameCapacity = 8;
   static constexpr std::size_t kNoRun = static_cast<std::size_t>(-1);
-  static constexpr std::size_t kNoKey = static_cast<std::size_t>(-1);
 
   void begin_block(std::size_t position);
   void start_field();
   void end_line(std::size_t position);
   void take_value(std::string_view bytes, bool line_complete);
   // `key_from`: where in `bytes` a "usage" or "error" key may first start
-  // (kNoKey: none does).
+  // (detail::DataLine::kNone: none does).
   void take_data(std::string_view bytes, bool line_complete, std::size_t key_from);
   void start_data_line();
   void move_data_to_buffer();
+  // The event's data so far: the view into the piece, or the joined buffer.
+  std::string_view data() const { return data_in_buffer_ ? std::string_view(data_) : data_view_; }
   void append_data(std::string_view bytes);
   void give_up_on_event();
   void release_held();
@@ -186,7 +187,7 @@ class SseScanner {
   // The data is either one value inside the current piece (no copy) or, once
   // it spans lines or pieces, joined in data_.
   std::string_view data_view_;
-  std::size_t data_view_key_from_ = 0;  // where in it a key may first start, or kNoKey
+  std::size_t data_view_key_from_ = 0;  // where in it a key may first start, or DataLine::kNone
   bool data_in_buffer_ = false;
   std::string data_;
 
