@@ -324,23 +324,26 @@ TEST(SseScanner, AnErrorKeyIsFoundWhereverItFalls) {
 }
 
 // A data line's end and the start of a "usage" or "error" key are looked for
-// sixteen positions at a time, the last block overlapping the one before:
-// compared here with a byte-by-byte reading for every start in many texts
-// made mostly of the bytes the search looks for.
-TEST(SseScannerDataLine, AgreesWithAByteByByteReading) {
+// sixteen or thirty-two positions at a time, the last block overlapping the
+// one before: each way is compared here with a byte-by-byte reading for every
+// start in many texts made mostly of the bytes the search looks for.
+void expect_line_scan_agrees_with_bytes(detail::DataLine (*scan)(std::string_view, std::size_t)) {
   std::mt19937 random(20261201);
   const std::string alphabet = "\n\r\"uex";
   for (int round = 0; round < 3000; ++round) {
-    std::string text(random() % 80, 'x');
+    std::string text(random() % (round % 3 == 0 ? 160 : 80), 'x');
     for (char& c : text) {
       if (random() % 3 != 0) c = alphabet[random() % alphabet.size()];
     }
-    // Long runs without a line end, so that the blocks, not the byte loop, find it.
+    // Long runs without a line end, so that the blocks, not the byte loop,
+    // find it; and without a key start, so that the last block finds that.
     if (round % 2 == 0) {
       std::replace(text.begin(), text.end(), '\n', 'x');
       std::replace(text.begin(), text.end(), '\r', 'x');
       if (!text.empty()) text[random() % text.size()] = random() % 2 ? '\n' : '\r';
     }
+    if (round % 4 == 0) std::replace(text.begin(), text.end(), '"', 'x');
+    if (round % 8 == 0 && !text.empty()) text[random() % text.size()] = '"';
     for (std::size_t from = 0; from <= text.size(); ++from) {
       std::size_t end = from;
       while (end < text.size() && text[end] != '\n' && text[end] != '\r') ++end;
@@ -350,11 +353,26 @@ TEST(SseScannerDataLine, AgreesWithAByteByByteReading) {
                                                    text[at + 1] == 'e');
         if (key_start) first_key_start = at;
       }
-      const auto line = detail::scan_data_line(text, from);
+      const auto line = scan(text, from);
       ASSERT_EQ(line.end, end) << "text '" << text << "' from " << from;
       ASSERT_EQ(line.first_key_start, first_key_start) << "text '" << text << "' from " << from;
     }
   }
+}
+
+TEST(SseScannerDataLine, SixteenWideAgreesWithAByteByByteReading) {
+  expect_line_scan_agrees_with_bytes(detail::scan_data_line_sse2);
+}
+
+#if defined(__x86_64__)
+TEST(SseScannerDataLine, ThirtyTwoWideAgreesWithAByteByByteReading) {
+  if (!detail::has_avx2_line_scan()) GTEST_SKIP() << "this processor has no AVX2";
+  expect_line_scan_agrees_with_bytes(detail::scan_data_line_avx2);
+}
+#endif
+
+TEST(SseScannerDataLine, TheScanInUseAgreesWithAByteByByteReading) {
+  expect_line_scan_agrees_with_bytes(detail::scan_data_line);
 }
 
 // Token chunks are not parsed, yet a usage object is found wherever it falls

@@ -64,6 +64,14 @@ struct DataLine {
   std::size_t first_key_start = kNone;
 };
 DataLine scan_data_line(std::string_view text, std::size_t from);
+// The two ways scan_data_line reads, exposed so that tests can hold each to
+// the same answers: sixteen bytes at a time (any x86-64, else byte by byte),
+// and thirty-two, used where the processor has AVX2.
+DataLine scan_data_line_sse2(std::string_view text, std::size_t from);
+#if defined(__x86_64__)
+bool has_avx2_line_scan();
+DataLine scan_data_line_avx2(std::string_view text, std::size_t from);
+#endif
 
 }  // namespace detail
 
