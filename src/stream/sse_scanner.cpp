@@ -682,10 +682,15 @@ void SseScanner::take_data(std::string_view bytes, bool line_complete, std::size
   if (overflowed_) return;
   if (line_complete && !value_continued_ && data_lines_ == 1 && !data_in_buffer_) {
     data_view_ = bytes;  // the whole data of the event so far, inside this piece
-    data_view_key_from_ = key_from;
+    data_key_from_ = key_from;
     return;
   }
   move_data_to_buffer();
+  // A quote that ends one part counts as a possible key start in it, so the
+  // first start among the parts is the first in the joined data too.
+  if (data_key_from_ == detail::DataLine::kNone && key_from != detail::DataLine::kNone) {
+    data_key_from_ = data_.size() + key_from;
+  }
   append_data(bytes);
 }
 
@@ -744,7 +749,7 @@ void SseScanner::dispatch(std::size_t end, bool ended_with_cr) {
   if (data_lines_ > 0) {
     ++events_;
     if (!overflowed_) {
-      usage_only = inspect(data(), holding_, data_in_buffer_ ? 0 : data_view_key_from_);
+      usage_only = inspect(data(), holding_, data_key_from_);
     }
   }
   if (event_is_error_) saw_error_ = true;
@@ -824,7 +829,7 @@ void SseScanner::reset_block() {
   overflowed_ = false;
   data_lines_ = 0;
   data_view_ = {};
-  data_view_key_from_ = 0;
+  data_key_from_ = detail::DataLine::kNone;
   probed_ = 0;
   data_in_buffer_ = false;
   data_.clear();

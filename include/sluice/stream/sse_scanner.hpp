@@ -195,7 +195,9 @@ class SseScanner {
   // The data is either one value inside the current piece (no copy) or, once
   // it spans lines or pieces, joined in data_.
   std::string_view data_view_;
-  std::size_t data_view_key_from_ = 0;  // where in it a key may first start, or DataLine::kNone
+  // Where in data() a "usage" or "error" key may first start, or
+  // DataLine::kNone where none can.
+  std::size_t data_key_from_ = detail::DataLine::kNone;
   bool data_in_buffer_ = false;
   std::string data_;
 
