@@ -539,13 +539,7 @@ void SseScanner::feed(std::string_view piece, std::vector<std::string_view>& out
           ++i;
         } else if (size - i >= kDataField.size() &&
                    piece.substr(i, kDataField.size()) == kDataField) {
-          // Nearly every line of a stream: its name is taken whole rather
-          // than a byte at a time.
-          name_length_ = kDataField.size() - 1;
-          std::memcpy(name_, kDataField.data(), name_length_);
-          start_field();
-          line_state_ = LineState::space;
-          i += kDataField.size();
+          i = take_data_line(i);
         } else {
           name_length_ = 0;
           line_state_ = LineState::name;
@@ -594,6 +588,37 @@ void SseScanner::feed(std::string_view piece, std::vector<std::string_view>& out
     }
   }
   end_of_piece();
+}
+
+std::size_t SseScanner::take_data_line(std::size_t start) {
+  const std::string_view piece = piece_;
+  const std::size_t size = piece.size();
+  field_ = Field::data;
+  start_data_line();
+  std::size_t value = start + kDataField.size();
+  if (value == size) {
+    line_state_ = LineState::space;  // whether a space follows is the next piece's to tell
+    return size;
+  }
+  if (piece[value] == ' ') ++value;
+  line_state_ = LineState::value;
+  value_continued_ = false;
+  if (value == size) return size;
+  const auto line = detail::scan_data_line(piece, value);
+  const std::size_t key_from = line.first_key_start == detail::DataLine::kNone
+                                   ? detail::DataLine::kNone
+                                   : line.first_key_start - value;
+  take_data(piece.substr(value, line.end - value), line.end < size, key_from);
+  if (line.end == size) return size;
+  end_line(line.end);
+  std::size_t next = line.end + 1;
+  // The blank line that ends the event, nearly always right after.
+  if (!after_cr_ && next < size && piece[next] == '\n') {
+    swallow_lf_ = false;
+    end_line(next);
+    ++next;
+  }
+  return next;
 }
 
 void SseScanner::finish(std::vector<std::string_view>& out) {

@@ -148,6 +148,12 @@ class SseScanner {
   static constexpr std::size_t kNoRun = static_cast<std::size_t>(-1);
 
   void begin_block(std::size_t position);
+  // Nearly every line of a stream is a `data:` line, and a blank line that
+  // ends the event follows it: from its name at `start` in the piece, such a
+  // line is read in one step, and that blank line with it when it ends in
+  // '\n'. The outcome is the byte-by-byte reading's; returns where the
+  // reading goes on.
+  std::size_t take_data_line(std::size_t start);
   void start_field();
   void end_line(std::size_t position);
   void take_value(std::string_view bytes, bool line_complete);
