@@ -211,28 +211,13 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
       }
       co_return outcome;
     }
-    std::size_t n = read->value();
+    const std::size_t n = read->value();
     filled_buffer = n == buffers_.read.size();
-    if (n == 0) {
-      report_completion();
-      if (scanner_) {
-        buffers_.spans.clear();
-        scanner_->finish(buffers_.spans);
-        outcome.usage = scanner_->usage();
-        outcome.events = scanner_->events();
-        auto written = write_now(buffers_.spans, true);
-        if (!written) written = co_await write_rest();
-        outcome.complete = *written;
-      } else {
-        if (!json_usage_read) outcome.usage = usage_from_json_tail(tail);
-        auto written = write_one({}, true);
-        if (!written) written = co_await write_rest();
-        outcome.complete = *written;
-      }
-      co_return outcome;
-    }
-    std::string_view piece(buffers_.read.data(), n);
-    if (options.capture && !outcome.capture_overflowed) {
+    // The body's last piece goes out with the body's end (the last chunk) in
+    // one write, rather than waiting for the read that reports the end.
+    const bool body_ended = n == 0 || exchange.finished();
+    const std::string_view piece(buffers_.read.data(), n);
+    if (options.capture && !outcome.capture_overflowed && n > 0) {
       outcome.capture_overflowed = options.capture->size() + n > options.capture_limit;
       if (outcome.capture_overflowed) {
         options.capture->clear();
@@ -241,34 +226,48 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
       }
     }
     body_read += n;
-    // A Content-Length body's last piece is written before the read that
-    // reports its end.
-    if (!chunked && body_read >= *content_length) report_completion();
-    std::optional<bool> written = true;
+    // A Content-Length body's last piece is written after this report, as
+    // is a chunked body's end.
+    if (body_ended || (!chunked && body_read >= *content_length)) report_completion();
+    buffers_.spans.clear();
     if (scanner_) {
-      if (options.gaps) {
-        auto now = Clock::now();
-        options.gaps->on_event(now);
-        auto gap = options.gaps->last_gap();
-        if (gap) {
-          options.gap_histogram.observe(options.shard, std::chrono::duration<double>(*gap).count());
+      if (n > 0) {
+        if (options.gaps) {
+          auto now = Clock::now();
+          options.gaps->on_event(now);
+          auto gap = options.gaps->last_gap();
+          if (gap) {
+            options.gap_histogram.observe(options.shard,
+                                          std::chrono::duration<double>(*gap).count());
+          }
         }
+        scanner_->feed(piece, buffers_.spans);
       }
-      buffers_.spans.clear();
-      scanner_->feed(piece, buffers_.spans);
-      // A piece that only completed a stripped event leaves nothing to write.
-      if (!buffers_.spans.empty()) written = write_now(buffers_.spans, false);
-    } else if (!chunked && body_read >= *content_length && tail.empty()) {
-      // The whole body in one piece (the usual case): its usage is read
-      // where it lies, before the next read reuses the buffer.
-      written = write_one(piece, false);
-      outcome.usage = usage_from_json_tail(piece);
-      json_usage_read = true;
-    } else {
-      keep_tail(tail, piece);
-      written = write_one(piece, false);
+      if (body_ended) {
+        scanner_->finish(buffers_.spans);
+        outcome.usage = scanner_->usage();
+        outcome.events = scanner_->events();
+      }
+    } else if (n > 0) {
+      if (!chunked && body_read >= *content_length && tail.empty()) {
+        // The whole body in one piece (the usual case): its usage is read
+        // where it lies, before the next read reuses the buffer.
+        outcome.usage = usage_from_json_tail(piece);
+        json_usage_read = true;
+      } else {
+        keep_tail(tail, piece);
+      }
+      buffers_.spans.push_back(piece);
     }
+    if (body_ended && !scanner_ && !json_usage_read) outcome.usage = usage_from_json_tail(tail);
+    // A piece that only completed a stripped event leaves nothing to write.
+    std::optional<bool> written = true;
+    if (body_ended || !buffers_.spans.empty()) written = write_now(buffers_.spans, body_ended);
     if (!written) written = co_await write_rest();
+    if (body_ended) {
+      outcome.complete = *written;
+      co_return outcome;
+    }
     if (!*written) co_return outcome;
   }
 }

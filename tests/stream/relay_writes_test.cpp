@@ -1,0 +1,168 @@
+// How many writes a response takes to reach the client: a body that the
+// gateway reads whole leaves in one write, its end (the last chunk)
+// included, rather than in a second write after the read that reports the
+// end. Every write is a system call, and a short stream pays for each.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/read_until.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <string>
+#include <thread>
+
+#include "support/gateway_fixture.hpp"
+#include "support/http_client.hpp"
+
+// Counts sendmsg calls on sockets whose local port is the watched one (the
+// gateway's listening port: its connections to clients).
+namespace {
+std::atomic<int> watched_local_port{-1};
+std::atomic<int> writes_to_clients{0};
+
+int local_port(int descriptor) {
+  sockaddr_in address{};
+  socklen_t size = sizeof address;
+  if (::getsockname(descriptor, reinterpret_cast<sockaddr*>(&address), &size) != 0) return -1;
+  if (address.sin_family != AF_INET) return -1;
+  return ntohs(address.sin_port);
+}
+}  // namespace
+
+extern "C" ssize_t sendmsg(int descriptor, const msghdr* message, int flags) {
+  using Real = ssize_t (*)(int, const msghdr*, int);
+  static const auto real = reinterpret_cast<Real>(dlsym(RTLD_NEXT, "sendmsg"));
+  const int watched = watched_local_port.load();
+  if (watched >= 0 && local_port(descriptor) == watched) ++writes_to_clients;
+  return real(descriptor, message, flags);
+}
+
+namespace sluice::testing {
+namespace {
+
+namespace net = boost::asio;
+using net::ip::tcp;
+
+std::string chunk(const std::string& data) {
+  char size[20];
+  const int length = std::snprintf(size, sizeof size, "%zx\r\n", data.size());
+  return std::string(size, static_cast<std::size_t>(length)) + data + "\r\n";
+}
+
+// An upstream that answers every request with the same response, sent in
+// one write so that it arrives whole.
+class CannedUpstream {
+ public:
+  explicit CannedUpstream(std::string response)
+      : response_(std::move(response)),
+        acceptor_(context_, {net::ip::make_address("127.0.0.1"), 0}) {
+    net::co_spawn(context_, accept_connections(), net::detached);
+    thread_ = std::thread([this] { context_.run(); });
+  }
+  ~CannedUpstream() {
+    context_.stop();
+    thread_.join();
+  }
+
+  std::string base_url() const {
+    return "http://127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port()) + "/v1";
+  }
+
+ private:
+  net::awaitable<void> accept_connections() {
+    for (;;) {
+      auto [ec, connection] = co_await acceptor_.async_accept(net::as_tuple(net::use_awaitable));
+      if (ec) co_return;
+      net::co_spawn(context_, answer(std::move(connection)), net::detached);
+    }
+  }
+
+  net::awaitable<void> answer(tcp::socket connection) {
+    std::string received;
+    for (;;) {
+      auto [ec, head] = co_await net::async_read_until(
+          connection, net::dynamic_buffer(received), "\r\n\r\n", net::as_tuple(net::use_awaitable));
+      if (ec) co_return;
+      // The gateway's requests carry a Content-Length body.
+      const auto field = received.substr(0, head).find("Content-Length: ");
+      const std::size_t length =
+          field == std::string::npos ? 0 : std::stoul(received.substr(field + 16));
+      if (received.size() < head + length) {
+        auto [body_ec, unused] =
+            co_await net::async_read(connection, net::dynamic_buffer(received),
+                                     net::transfer_exactly(head + length - received.size()),
+                                     net::as_tuple(net::use_awaitable));
+        if (body_ec) co_return;
+      }
+      received.erase(0, head + length);
+      auto [write_ec, written] = co_await net::async_write(connection, net::buffer(response_),
+                                                           net::as_tuple(net::use_awaitable));
+      if (write_ec) co_return;
+    }
+  }
+
+  std::string response_;
+  net::io_context context_;
+  tcp::acceptor acceptor_;
+  std::thread thread_;
+};
+
+std::string gateway_yaml(const CannedUpstream& upstream) {
+  return "server:\n  threads: 1\nmodels:\n  - name: chat\n    deployments:\n" +
+         deployment_yaml("canned", upstream.base_url(), kNoWarmConnections);
+}
+
+// Sends one request and returns the response with the number of writes the
+// gateway made to the client for it.
+std::pair<HttpResponse, int> request_counting_writes(TestGateway& gateway, bool stream) {
+  HttpConnection client(gateway.port());
+  writes_to_clients = 0;
+  watched_local_port = gateway.port();
+  auto response = client.request("POST", "/v1/chat/completions", chat_body("chat", stream));
+  watched_local_port = -1;
+  return {response, writes_to_clients.load()};
+}
+
+const std::string kEvent =
+    R"(data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]})"
+    "\n\n";
+
+TEST(RelayWrites, AStreamReadWholeLeavesInOneWriteWithItsEnd) {
+  CannedUpstream upstream(
+      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+      chunk(kEvent) + chunk("data: [DONE]\n\n") + "0\r\n\r\n");
+  TestGateway gateway(gateway_yaml(upstream));
+  for (int round = 0; round < 3; ++round) {
+    auto [response, writes] = request_counting_writes(gateway, true);
+    ASSERT_EQ(response.status, 200u);
+    EXPECT_EQ(response.body, kEvent + "data: [DONE]\n\n") << round;
+    EXPECT_EQ(writes, 1) << "round " << round;
+  }
+}
+
+TEST(RelayWrites, AChunkedJsonBodyReadWholeLeavesInOneWriteWithItsEnd) {
+  const std::string body =
+      R"({"id":"c1","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}})";
+  CannedUpstream upstream(
+      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
+      chunk(body.substr(0, 40)) + chunk(body.substr(40)) + "0\r\n\r\n");
+  TestGateway gateway(gateway_yaml(upstream));
+  for (int round = 0; round < 3; ++round) {
+    auto [response, writes] = request_counting_writes(gateway, false);
+    ASSERT_EQ(response.status, 200u);
+    EXPECT_EQ(response.body, body) << round;
+    EXPECT_EQ(writes, 1) << "round " << round;
+  }
+}
+
+}  // namespace
+}  // namespace sluice::testing
