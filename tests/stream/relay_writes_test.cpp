@@ -117,7 +117,7 @@ class CannedUpstream {
 };
 
 std::string gateway_yaml(const CannedUpstream& upstream) {
-  return "server:\n  threads: 1\nmodels:\n  - name: chat\n    deployments:\n" +
+  return "models:\n  - name: chat\n    deployments:\n" +
          deployment_yaml("canned", upstream.base_url(), kNoWarmConnections);
 }
 
