@@ -8,6 +8,7 @@ Connection::Connection(executor_type executor, std::string origin_key)
     : origin_key_(std::move(origin_key)) {
   plain_.emplace(std::move(executor));
   read_deadline_.emplace(plain_->socket());
+  read_buffer_.reserve(kPlainReadBufferSize);
 }
 
 Connection::Connection(executor_type executor, std::string origin_key,

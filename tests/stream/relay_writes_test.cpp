@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 
+#include "sluice/upstream/connection.hpp"
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
 
@@ -145,6 +146,29 @@ TEST(RelayWrites, AStreamReadWholeLeavesInOneWriteWithItsEnd) {
     auto [response, writes] = request_counting_writes(gateway, true);
     ASSERT_EQ(response.status, 200u);
     EXPECT_EQ(response.body, kEvent + "data: [DONE]\n\n") << round;
+    EXPECT_EQ(writes, 1) << "round " << round;
+  }
+}
+
+// Longer than Beast's first read of 512 bytes, within the connection's.
+TEST(RelayWrites, AStreamOfNearlyAKibibyteIsReadAndWrittenAtOnce) {
+  std::string events;
+  std::string body;
+  while (events.size() + chunk(kEvent).size() < 800) {
+    events += chunk(kEvent);
+    body += kEvent;
+  }
+  const std::string response =
+      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+      events + chunk("data: [DONE]\n\n") + "0\r\n\r\n";
+  ASSERT_GT(response.size(), 800u);
+  ASSERT_LE(response.size(), upstream::Connection::kPlainReadBufferSize);
+  CannedUpstream upstream(response);
+  TestGateway gateway(gateway_yaml(upstream));
+  for (int round = 0; round < 3; ++round) {
+    auto [answer, writes] = request_counting_writes(gateway, true);
+    ASSERT_EQ(answer.status, 200u);
+    EXPECT_EQ(answer.body, body + "data: [DONE]\n\n") << round;
     EXPECT_EQ(writes, 1) << "round " << round;
   }
 }

@@ -5,6 +5,7 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
+#include <cstddef>
 #include <optional>
 #include <string>
 
@@ -19,6 +20,13 @@ namespace sluice::upstream {
 class Connection {
  public:
   using executor_type = boost::asio::any_io_executor;
+
+  // A plain connection reads up to this much at once, where Beast would
+  // start at 512 bytes: a stream's head with its first events (or a short
+  // stream whole) then takes one read and one write to the client, not two
+  // of each. A held stream pays 512 bytes more for it. TLS connections read
+  // from the TLS layer's own buffer, so theirs stays at Beast's default.
+  static constexpr std::size_t kPlainReadBufferSize = 1024;
 
   Connection(executor_type executor, std::string origin_key);
   Connection(executor_type executor, std::string origin_key, boost::asio::ssl::context& tls);
