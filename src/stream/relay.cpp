@@ -215,7 +215,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     filled_buffer = n == buffers_.read.size();
     // The body's last piece goes out with the body's end (the last chunk) in
     // one write, rather than waiting for the read that reports the end.
-    const bool body_ended = n == 0 || exchange.finished();
+    bool body_ended = n == 0 || exchange.finished();
     const std::string_view piece(buffers_.read.data(), n);
     if (options.capture && !outcome.capture_overflowed && n > 0) {
       outcome.capture_overflowed = options.capture->size() + n > options.capture_limit;
@@ -242,6 +242,10 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
           }
         }
         scanner_->feed(piece, buffers_.spans);
+        // A truncated last event still held back would come out of
+        // finish() in a buffer that this piece's spans may point into:
+        // the piece is written first, and the end with the next turn.
+        if (!scanner_->at_event_boundary()) body_ended = false;
       }
       if (body_ended) {
         scanner_->finish(buffers_.spans);

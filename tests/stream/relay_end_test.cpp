@@ -1,7 +1,8 @@
-// How many writes a response takes to reach the client: a body that the
-// gateway reads whole leaves in one write, its end (the last chunk)
-// included, rather than in a second write after the read that reports the
-// end. Every write is a system call, and a short stream pays for each.
+// How a response's end leaves the relay. A body that the gateway reads
+// whole leaves in one write, its end (the last chunk) included, rather than
+// in a second write after the read that reports the end: every write is a
+// system call, and a short stream pays for each. And what the scanner still
+// holds back when the body ends reaches the client intact.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -15,10 +16,12 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/read_until.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "sluice/upstream/connection.hpp"
 #include "support/gateway_fixture.hpp"
@@ -60,12 +63,14 @@ std::string chunk(const std::string& data) {
 }
 
 // An upstream that answers every request with the same response, sent in
-// one write so that it arrives whole.
+// one write so that it arrives whole, or in parts some time apart so that
+// each arrives in a read of its own.
 class CannedUpstream {
  public:
   explicit CannedUpstream(std::string response)
-      : response_(std::move(response)),
-        acceptor_(context_, {net::ip::make_address("127.0.0.1"), 0}) {
+      : CannedUpstream(std::vector{std::move(response)}) {}
+  explicit CannedUpstream(std::vector<std::string> parts)
+      : parts_(std::move(parts)), acceptor_(context_, {net::ip::make_address("127.0.0.1"), 0}) {
     net::co_spawn(context_, accept_connections(), net::detached);
     thread_ = std::thread([this] { context_.run(); });
   }
@@ -105,13 +110,19 @@ class CannedUpstream {
         if (body_ec) co_return;
       }
       received.erase(0, head + length);
-      auto [write_ec, written] = co_await net::async_write(connection, net::buffer(response_),
-                                                           net::as_tuple(net::use_awaitable));
-      if (write_ec) co_return;
+      for (std::size_t part = 0; part < parts_.size(); ++part) {
+        if (part > 0) {
+          net::steady_timer pause(context_, std::chrono::milliseconds(30));
+          co_await pause.async_wait(net::as_tuple(net::use_awaitable));
+        }
+        auto [write_ec, written] = co_await net::async_write(connection, net::buffer(parts_[part]),
+                                                             net::as_tuple(net::use_awaitable));
+        if (write_ec) co_return;
+      }
     }
   }
 
-  std::string response_;
+  std::vector<std::string> parts_;
   net::io_context context_;
   tcp::acceptor acceptor_;
   std::thread thread_;
@@ -185,6 +196,33 @@ TEST(RelayWrites, AChunkedJsonBodyReadWholeLeavesInOneWriteWithItsEnd) {
     ASSERT_EQ(response.status, 200u);
     EXPECT_EQ(response.body, body) << round;
     EXPECT_EQ(writes, 1) << "round " << round;
+  }
+}
+
+// For a key with a token budget the gateway asks for the usage chunk itself
+// and holds back each event until it knows the event is not that chunk. An
+// event held over from one read and released in the next, followed in that
+// read by a truncated last event that is still held when the body ends: both
+// reach the client intact, the first no longer pointing into a buffer that
+// handing out the second reuses.
+TEST(RelayEnd, AnEventReleasedLateAndATruncatedLastOneArriveIntact) {
+  const std::string first_start = R"(data: {"id":"a",)";
+  const std::string first_rest =
+      R"("choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]})"
+      "\n\n";
+  const std::string truncated = R"(data: {"id":"b","choices":[])";
+  CannedUpstream upstream(std::vector<std::string>{
+      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+          chunk(first_start),
+      chunk(first_rest) + chunk(truncated) + "0\r\n\r\n"});
+  const std::string key = "sk-team-a-0123456789";
+  TestGateway gateway("auth:\n  keys:\n    - name: team-a\n      key: " + key +
+                      "\n      tpm: 100000\n" + gateway_yaml(upstream));
+  for (int round = 0; round < 3; ++round) {
+    auto response = http_request(gateway.port(), "POST", "/v1/chat/completions",
+                                 chat_body("chat", true), {{"Authorization", "Bearer " + key}});
+    ASSERT_EQ(response.status, 200u) << response.body;
+    EXPECT_EQ(response.body, first_start + first_rest + truncated) << "round " << round;
   }
 }
 
