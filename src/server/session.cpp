@@ -28,6 +28,10 @@ using net::use_awaitable;
 
 namespace {
 
+// What a connection's read buffer may keep between requests; a larger body
+// made it grow past this.
+constexpr std::size_t kIdleReadBufferLimit = 4096;
+
 // A client-supplied id is kept when it is short and printable; otherwise one
 // is made up.
 std::string request_id_for(const ClientRequest& request, Worker& worker) {
@@ -174,6 +178,11 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
       }
     }
     read_deadline.expires_never();
+    // A large body grew the buffer; the connection keeps no more than a
+    // head's worth while it waits for its next request.
+    if (buffer.capacity() > kIdleReadBufferLimit && buffer.size() == 0 && !watch.reading()) {
+      buffer.shrink_to_fit();
+    }
 
     RequestContext context{
         worker,        snapshot, request,  client,

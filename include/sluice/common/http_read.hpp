@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -7,6 +8,7 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/read_size.hpp>
 #include <boost/beast/http/error.hpp>
+#include <cstdint>
 #include <optional>
 #include <utility>
 
@@ -26,6 +28,9 @@ namespace sluice {
 inline std::size_t read_room(const boost::beast::flat_buffer& buffer) {
   return boost::beast::read_size(buffer, 65536);
 }
+
+// The most a read of a body of known length asks for at once.
+constexpr std::size_t kLargestBodyRead = 65536;
 
 // Settles one read of `bytes` into the space `buffer` prepared: commits
 // them, or says what the error means. The end of the stream completes a
@@ -80,8 +85,17 @@ boost::asio::awaitable<error_code> read_http(boost::asio::ip::tcp::socket& socke
     if (auto settled = parse_buffered(buffer, parser, whole)) co_return *settled;
     // The socket's read is awaited here, not through a coroutine of its
     // own: that would be one frame more per read.
-    const std::size_t size = read_room(buffer);
+    std::size_t size = read_room(buffer);
     if (size == 0) co_return boost::beast::http::error::buffer_overflow;
+    // A body of known length (a prompt of many kilobytes) is read in reads
+    // as large as what is still to come, not 512 bytes at a time.
+    if constexpr (requires { parser.body_bytes_to_come(); }) {
+      const std::uint64_t to_come = whole ? parser.body_bytes_to_come() : 0;
+      if (to_come > buffer.size()) {
+        size = std::max(size, static_cast<std::size_t>(std::min<std::uint64_t>(
+                                  to_come - buffer.size(), kLargestBodyRead)));
+      }
+    }
     auto [read_ec, n] = co_await drain_aware_read_some(
         socket, buffer.prepare(size), boost::asio::as_tuple(boost::asio::use_awaitable),
         std::exchange(first_read, ReadStart::try_at_once));

@@ -177,6 +177,11 @@ class PlainFirstParser : protected boost::beast::http::basic_parser<isRequest> {
                                  : boost::none;
   }
   bool chunked() const { return route_ == Route::beast ? Beast::chunked() : plain_chunked_; }
+  // Bytes of a Content-Length body still to come, as far as the plain reader
+  // knows: 0 for a chunked body, or one Beast's parser reads.
+  std::uint64_t body_bytes_to_come() const {
+    return route_ == Route::plain && !plain_chunked_ ? body_remaining_ : 0;
+  }
   void put_eof(boost::beast::error_code& ec) {
     if (route_ == Route::beast || route_ == Route::beast_body) return Beast::put_eof(ec);
     ec = is_done() ? boost::beast::error_code{}
