@@ -89,6 +89,7 @@ Exchange::~Exchange() {
                   connection_->is_open();
   if (reusable) {
     ++connection_->exchanges;
+    connection_->trim_read_buffer();
     connection_->tcp().expires_never();
     if (connection_->plain_socket()) connection_->read_deadline().expires_never();
     pool_.give_back(std::move(connection_), known_or_now(finished_at_));
@@ -166,8 +167,15 @@ std::optional<Exchange::PlainBodyRead> Exchange::begin_plain_body_read() {
   if (socket == nullptr) return std::nullopt;
   connection_->read_deadline().expires_at(body_read_deadline());
   auto& buffered = connection_->read_buffer();
-  const std::size_t room = read_room(buffered);
+  std::size_t room = read_room(buffered);
   if (room == 0) return PlainBodyRead{*socket, {}};
+  // A body of known length (an embedding of tens of kilobytes) is read in
+  // reads as large as what is still to come, not a buffer's worth at a time.
+  const std::uint64_t to_come = parser_->body_bytes_to_come();
+  if (to_come > buffered.size()) {
+    room = std::max(room, static_cast<std::size_t>(std::min<std::uint64_t>(
+                              to_come - buffered.size(), kLargestBodyRead)));
+  }
   return PlainBodyRead{*socket, buffered.prepare(room)};
 }
 

@@ -17,6 +17,12 @@ Connection::Connection(executor_type executor, std::string origin_key,
   tls_.emplace(boost::beast::tcp_stream(std::move(executor)), tls);
 }
 
+void Connection::trim_read_buffer() {
+  if (read_buffer_.capacity() <= kIdleReadBufferLimit || read_buffer_.size() != 0) return;
+  read_buffer_.shrink_to_fit();
+  if (plain_) read_buffer_.reserve(kPlainReadBufferSize);
+}
+
 void Connection::close() {
   // close alone sends the FIN (or, with unread bytes, the reset an abandoned
   // answer deserves); a shutdown first would be one more system call.

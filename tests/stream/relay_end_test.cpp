@@ -19,6 +19,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,17 +28,22 @@
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
 
-// Counts sendmsg calls on sockets whose local port is the watched one (the
-// gateway's listening port: its connections to clients).
+// Counts the gateway's writes to clients (sendmsg on sockets whose local
+// port is the gateway's listening port) and its reads of an upstream's
+// answers (recvmsg on sockets whose peer's port is the upstream's).
 namespace {
 std::atomic<int> watched_local_port{-1};
 std::atomic<int> writes_to_clients{0};
+std::atomic<int> watched_peer_port{-1};
+std::atomic<int> reads_from_upstream{0};
 
-int local_port(int descriptor) {
+int port_of(int descriptor, bool peer) {
   sockaddr_in address{};
   socklen_t size = sizeof address;
-  if (::getsockname(descriptor, reinterpret_cast<sockaddr*>(&address), &size) != 0) return -1;
-  if (address.sin_family != AF_INET) return -1;
+  auto* name = reinterpret_cast<sockaddr*>(&address);
+  const int status =
+      peer ? ::getpeername(descriptor, name, &size) : ::getsockname(descriptor, name, &size);
+  if (status != 0 || address.sin_family != AF_INET) return -1;
   return ntohs(address.sin_port);
 }
 }  // namespace
@@ -46,7 +52,15 @@ extern "C" ssize_t sendmsg(int descriptor, const msghdr* message, int flags) {
   using Real = ssize_t (*)(int, const msghdr*, int);
   static const auto real = reinterpret_cast<Real>(dlsym(RTLD_NEXT, "sendmsg"));
   const int watched = watched_local_port.load();
-  if (watched >= 0 && local_port(descriptor) == watched) ++writes_to_clients;
+  if (watched >= 0 && port_of(descriptor, false) == watched) ++writes_to_clients;
+  return real(descriptor, message, flags);
+}
+
+extern "C" ssize_t recvmsg(int descriptor, msghdr* message, int flags) {
+  using Real = ssize_t (*)(int, msghdr*, int);
+  static const auto real = reinterpret_cast<Real>(dlsym(RTLD_NEXT, "recvmsg"));
+  const int watched = watched_peer_port.load();
+  if (watched >= 0 && port_of(descriptor, true) == watched) ++reads_from_upstream;
   return real(descriptor, message, flags);
 }
 
@@ -196,6 +210,36 @@ TEST(RelayWrites, AChunkedJsonBodyReadWholeLeavesInOneWriteWithItsEnd) {
     ASSERT_EQ(response.status, 200u);
     EXPECT_EQ(response.body, body) << round;
     EXPECT_EQ(writes, 1) << "round " << round;
+  }
+}
+
+// An answer of known length is read in reads as large as what is still to
+// come, and written on in pieces that grow with it: an embedding of some 30
+// KB takes a few of each, not one per kilobyte.
+TEST(RelayWrites, ALargeJsonBodyTakesAFewReadsAndWrites) {
+  mock::Behaviour behaviour;
+  behaviour.dims = 12000;
+  auto upstream = start_mock(behaviour);
+  TestGateway gateway("models:\n  - name: embed\n    deployments:\n" +
+                      deployment_yaml("d1", upstream->base_url(), kNoWarmConnections));
+  HttpConnection client(gateway.port());
+  for (int round = 0; round < 3; ++round) {
+    writes_to_clients = 0;
+    reads_from_upstream = 0;
+    watched_local_port = gateway.port();
+    watched_peer_port = upstream->port();
+    auto response =
+        client.request("POST", "/v1/embeddings", R"({"model":"embed","input":"hello"})");
+    watched_local_port = -1;
+    watched_peer_port = -1;
+    ASSERT_EQ(response.status, 200u) << response.body;
+    ASSERT_GT(response.body.size(), 20000u);
+    auto answer = nlohmann::json::parse(response.body, nullptr, false);
+    ASSERT_TRUE(answer.is_object());
+    EXPECT_EQ(answer["data"][0]["embedding"].size(), 12000u);
+    // A kilobyte at a time would be some 30 reads and as many writes.
+    EXPECT_LE(reads_from_upstream.load(), 8) << "round " << round;
+    EXPECT_LE(writes_to_clients.load(), 8) << "round " << round;
   }
 }
 

@@ -27,6 +27,8 @@ class Connection {
   // of each. A held stream pays 512 bytes more for it. TLS connections read
   // from the TLS layer's own buffer, so theirs stays at Beast's default.
   static constexpr std::size_t kPlainReadBufferSize = 1024;
+  // What a connection's read buffer may keep between exchanges.
+  static constexpr std::size_t kIdleReadBufferLimit = 4096;
 
   Connection(executor_type executor, std::string origin_key);
   Connection(executor_type executor, std::string origin_key, boost::asio::ssl::context& tls);
@@ -58,6 +60,10 @@ class Connection {
   // through the stream and its expiry).
   SocketDeadline& read_deadline() { return *read_deadline_; }
   boost::beast::flat_buffer& read_buffer() { return read_buffer_; }
+  // Lets go of a read buffer that a large body grew, so that a connection
+  // waiting in the pool costs what a fresh one does. Only for an empty
+  // buffer.
+  void trim_read_buffer();
   const std::string& origin_key() const { return origin_key_; }
 
   // Closes the socket; pending operations complete with operation_aborted.
