@@ -28,10 +28,6 @@ using net::use_awaitable;
 
 namespace {
 
-// What a connection's read buffer may keep between requests; a larger body
-// made it grow past this.
-constexpr std::size_t kIdleReadBufferLimit = 4096;
-
 // A client-supplied id is kept when it is short and printable; otherwise one
 // is made up.
 std::string request_id_for(const ClientRequest& request, Worker& worker) {

@@ -167,15 +167,10 @@ std::optional<Exchange::PlainBodyRead> Exchange::begin_plain_body_read() {
   if (socket == nullptr) return std::nullopt;
   connection_->read_deadline().expires_at(body_read_deadline());
   auto& buffered = connection_->read_buffer();
-  std::size_t room = read_room(buffered);
-  if (room == 0) return PlainBodyRead{*socket, {}};
   // A body of known length (an embedding of tens of kilobytes) is read in
   // reads as large as what is still to come, not a buffer's worth at a time.
-  const std::uint64_t to_come = parser_->body_bytes_to_come();
-  if (to_come > buffered.size()) {
-    room = std::max(room, static_cast<std::size_t>(std::min<std::uint64_t>(
-                              to_come - buffered.size(), kLargestBodyRead)));
-  }
+  const std::size_t room = body_read_room(buffered, parser_->body_bytes_to_come());
+  if (room == 0) return PlainBodyRead{*socket, {}};
   return PlainBodyRead{*socket, buffered.prepare(room)};
 }
 

@@ -1,6 +1,7 @@
 #include "sluice/upstream/connection.hpp"
 
 #include "sluice/common/errors.hpp"
+#include "sluice/common/http_read.hpp"
 
 namespace sluice::upstream {
 

@@ -161,18 +161,27 @@ std::pair<HttpResponse, int> request_counting_writes(TestGateway& gateway, bool 
 const std::string kEvent =
     R"(data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]})"
     "\n\n";
+const std::string kStreamHead =
+    "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
+const std::string kLastChunk = "0\r\n\r\n";
 
-TEST(RelayWrites, AStreamReadWholeLeavesInOneWriteWithItsEnd) {
-  CannedUpstream upstream(
-      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
-      chunk(kEvent) + chunk("data: [DONE]\n\n") + "0\r\n\r\n");
+// Three requests on one connection, each answered with `response` in one
+// upstream write: each reaches the client as `expected_body`, in one write.
+void expect_one_write_each(const std::string& response, bool stream,
+                           const std::string& expected_body) {
+  CannedUpstream upstream(response);
   TestGateway gateway(gateway_yaml(upstream));
   for (int round = 0; round < 3; ++round) {
-    auto [response, writes] = request_counting_writes(gateway, true);
-    ASSERT_EQ(response.status, 200u);
-    EXPECT_EQ(response.body, kEvent + "data: [DONE]\n\n") << round;
+    auto [answer, writes] = request_counting_writes(gateway, stream);
+    ASSERT_EQ(answer.status, 200u);
+    EXPECT_EQ(answer.body, expected_body) << "round " << round;
     EXPECT_EQ(writes, 1) << "round " << round;
   }
+}
+
+TEST(RelayWrites, AStreamReadWholeLeavesInOneWriteWithItsEnd) {
+  expect_one_write_each(kStreamHead + chunk(kEvent) + chunk("data: [DONE]\n\n") + kLastChunk, true,
+                        kEvent + "data: [DONE]\n\n");
 }
 
 // Longer than Beast's first read of 512 bytes, within the connection's.
@@ -183,34 +192,19 @@ TEST(RelayWrites, AStreamOfNearlyAKibibyteIsReadAndWrittenAtOnce) {
     events += chunk(kEvent);
     body += kEvent;
   }
-  const std::string response =
-      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
-      events + chunk("data: [DONE]\n\n") + "0\r\n\r\n";
+  const std::string response = kStreamHead + events + chunk("data: [DONE]\n\n") + kLastChunk;
   ASSERT_GT(response.size(), 800u);
   ASSERT_LE(response.size(), upstream::Connection::kPlainReadBufferSize);
-  CannedUpstream upstream(response);
-  TestGateway gateway(gateway_yaml(upstream));
-  for (int round = 0; round < 3; ++round) {
-    auto [answer, writes] = request_counting_writes(gateway, true);
-    ASSERT_EQ(answer.status, 200u);
-    EXPECT_EQ(answer.body, body + "data: [DONE]\n\n") << round;
-    EXPECT_EQ(writes, 1) << "round " << round;
-  }
+  expect_one_write_each(response, true, body + "data: [DONE]\n\n");
 }
 
 TEST(RelayWrites, AChunkedJsonBodyReadWholeLeavesInOneWriteWithItsEnd) {
   const std::string body =
       R"({"id":"c1","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}})";
-  CannedUpstream upstream(
+  expect_one_write_each(
       "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
-      chunk(body.substr(0, 40)) + chunk(body.substr(40)) + "0\r\n\r\n");
-  TestGateway gateway(gateway_yaml(upstream));
-  for (int round = 0; round < 3; ++round) {
-    auto [response, writes] = request_counting_writes(gateway, false);
-    ASSERT_EQ(response.status, 200u);
-    EXPECT_EQ(response.body, body) << round;
-    EXPECT_EQ(writes, 1) << "round " << round;
-  }
+          chunk(body.substr(0, 40)) + chunk(body.substr(40)) + kLastChunk,
+      false, body);
 }
 
 // An answer of known length is read in reads as large as what is still to
@@ -256,9 +250,7 @@ TEST(RelayEnd, AnEventReleasedLateAndATruncatedLastOneArriveIntact) {
       "\n\n";
   const std::string truncated = R"(data: {"id":"b","choices":[])";
   CannedUpstream upstream(std::vector<std::string>{
-      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
-          chunk(first_start),
-      chunk(first_rest) + chunk(truncated) + "0\r\n\r\n"});
+      kStreamHead + chunk(first_start), chunk(first_rest) + chunk(truncated) + kLastChunk});
   const std::string key = "sk-team-a-0123456789";
   TestGateway gateway("auth:\n  keys:\n    - name: team-a\n      key: " + key +
                       "\n      tpm: 100000\n" + gateway_yaml(upstream));

@@ -31,6 +31,20 @@ inline std::size_t read_room(const boost::beast::flat_buffer& buffer) {
 
 // The most a read of a body of known length asks for at once.
 constexpr std::size_t kLargestBodyRead = 65536;
+// What a connection's read buffer may keep while it waits for its next
+// message; one that a large body grew past this lets it go.
+constexpr std::size_t kIdleReadBufferLimit = 4096;
+
+// How much a read of a body may add to `buffer`, with `to_come` bytes of it
+// known to be still on their way: all of them (up to kLargestBodyRead)
+// rather than read_room's share, so that a body of many kilobytes takes a
+// few reads, not one per buffer's worth. 0 when the buffer is full.
+inline std::size_t body_read_room(const boost::beast::flat_buffer& buffer, std::uint64_t to_come) {
+  const std::size_t room = read_room(buffer);
+  if (room == 0 || to_come <= buffer.size()) return room;
+  return std::max(room, static_cast<std::size_t>(
+                            std::min<std::uint64_t>(to_come - buffer.size(), kLargestBodyRead)));
+}
 
 // Settles one read of `bytes` into the space `buffer` prepared: commits
 // them, or says what the error means. The end of the stream completes a
@@ -86,16 +100,12 @@ boost::asio::awaitable<error_code> read_http(boost::asio::ip::tcp::socket& socke
     // The socket's read is awaited here, not through a coroutine of its
     // own: that would be one frame more per read.
     std::size_t size = read_room(buffer);
-    if (size == 0) co_return boost::beast::http::error::buffer_overflow;
     // A body of known length (a prompt of many kilobytes) is read in reads
     // as large as what is still to come, not 512 bytes at a time.
     if constexpr (requires { parser.body_bytes_to_come(); }) {
-      const std::uint64_t to_come = whole ? parser.body_bytes_to_come() : 0;
-      if (to_come > buffer.size()) {
-        size = std::max(size, static_cast<std::size_t>(std::min<std::uint64_t>(
-                                  to_come - buffer.size(), kLargestBodyRead)));
-      }
+      if (whole) size = body_read_room(buffer, parser.body_bytes_to_come());
     }
+    if (size == 0) co_return boost::beast::http::error::buffer_overflow;
     auto [read_ec, n] = co_await drain_aware_read_some(
         socket, buffer.prepare(size), boost::asio::as_tuple(boost::asio::use_awaitable),
         std::exchange(first_read, ReadStart::try_at_once));

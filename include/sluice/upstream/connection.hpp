@@ -27,8 +27,6 @@ class Connection {
   // of each. A held stream pays 512 bytes more for it. TLS connections read
   // from the TLS layer's own buffer, so theirs stays at Beast's default.
   static constexpr std::size_t kPlainReadBufferSize = 1024;
-  // What a connection's read buffer may keep between exchanges.
-  static constexpr std::size_t kIdleReadBufferLimit = 4096;
 
   Connection(executor_type executor, std::string origin_key);
   Connection(executor_type executor, std::string origin_key, boost::asio::ssl::context& tls);
