@@ -103,7 +103,6 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
   prepare_accepted_relay_socket(socket);
   beast::tcp_stream client(std::move(socket));
   beast::flat_buffer buffer;
-  reset_read_room(buffer);
   // The read buffer is small to start with: a held stream's events are
   // small. The relay grows it for a body that arrives in bulk.
   stream::Relay::Buffers relay_buffers;
@@ -177,7 +176,9 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     read_deadline.expires_never();
     // A large body grew the buffer; the connection keeps no more than a
     // head's worth while it waits for its next request.
-    if (!watch.reading()) reset_read_room(buffer);
+    if (buffer.capacity() > kIdleReadBufferLimit && buffer.size() == 0 && !watch.reading()) {
+      buffer.shrink_to_fit();
+    }
 
     RequestContext context{
         worker,        snapshot, request,  client,

@@ -9,9 +9,7 @@ Connection::Connection(executor_type executor, std::string origin_key)
     : origin_key_(std::move(origin_key)) {
   plain_.emplace(std::move(executor));
   read_deadline_.emplace(plain_->socket());
-  // TLS connections read from the TLS layer's own buffer, so theirs stays
-  // at Beast's default.
-  reset_read_room(read_buffer_);
+  read_buffer_.reserve(kPlainReadBufferSize);
 }
 
 Connection::Connection(executor_type executor, std::string origin_key,
@@ -21,11 +19,9 @@ Connection::Connection(executor_type executor, std::string origin_key,
 }
 
 void Connection::trim_read_buffer() {
-  if (plain_) {
-    reset_read_room(read_buffer_);
-  } else if (read_buffer_.capacity() > kIdleReadBufferLimit && read_buffer_.size() == 0) {
-    read_buffer_.shrink_to_fit();
-  }
+  if (read_buffer_.capacity() <= kIdleReadBufferLimit || read_buffer_.size() != 0) return;
+  read_buffer_.shrink_to_fit();
+  if (plain_) read_buffer_.reserve(kPlainReadBufferSize);
 }
 
 void Connection::close() {

@@ -68,39 +68,5 @@ TEST(BodyRead, ALargeBodyTakesAFewReadsAndArrivesIntact) {
   EXPECT_EQ(small.status, 200u) << small.body;
 }
 
-// The fields an OpenAI SDK sends make a head of about 600 bytes: with its
-// body it arrives in one write, and is read in one read.
-TEST(BodyRead, AnSdkSizedRequestIsReadInOneRead) {
-  auto upstream = start_mock();
-  TestGateway gateway("models:\n  - name: chat\n    deployments:\n" +
-                      deployment_yaml("d1", upstream->base_url()));
-  const Headers sdk_fields = {
-      {"Accept", "application/json"},
-      {"User-Agent", "OpenAI/Python 1.54.3"},
-      {"X-Stainless-Lang", "python"},
-      {"X-Stainless-Package-Version", "1.54.3"},
-      {"X-Stainless-OS", "Linux"},
-      {"X-Stainless-Arch", "x64"},
-      {"X-Stainless-Runtime", "CPython"},
-      {"X-Stainless-Runtime-Version", "3.11.2"},
-      {"X-Stainless-Async", "false"},
-      {"x-stainless-retry-count", "0"},
-      {"x-stainless-read-timeout", "600.0"},
-      {"Authorization", "Bearer sk-proj-" + std::string(48, 'k')},
-      {"Accept-Encoding", "gzip, deflate"},
-  };
-  HttpConnection client(gateway.port());
-  for (int round = 0; round < 3; ++round) {
-    reads_from_clients = 0;
-    watched_local_port = gateway.port();
-    client.send("POST", "/v1/chat/completions", chat_body("chat", false), sdk_fields);
-    auto response = client.read_head();
-    client.read_rest_of_body();
-    watched_local_port = -1;
-    ASSERT_EQ(response.status, 200u);
-    EXPECT_EQ(reads_from_clients.load(), 1) << "round " << round;
-  }
-}
-
 }  // namespace
 }  // namespace sluice::testing

@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "sluice/common/http_read.hpp"
+#include "sluice/upstream/connection.hpp"
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
 
@@ -194,7 +194,7 @@ TEST(RelayWrites, AStreamOfNearlyAKibibyteIsReadAndWrittenAtOnce) {
   }
   const std::string response = kStreamHead + events + chunk("data: [DONE]\n\n") + kLastChunk;
   ASSERT_GT(response.size(), 800u);
-  ASSERT_LE(response.size(), kHeadReadSize);
+  ASSERT_LE(response.size(), upstream::Connection::kPlainReadBufferSize);
   expect_one_write_each(response, true, body + "data: [DONE]\n\n");
 }
 

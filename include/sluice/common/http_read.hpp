@@ -35,20 +35,6 @@ constexpr std::size_t kLargestBodyRead = 65536;
 // message; one that a large body grew past this lets it go.
 constexpr std::size_t kIdleReadBufferLimit = 4096;
 
-// The room a connection's reads start with, where Beast starts at 512
-// bytes: a head and what follows it in one read. An OpenAI SDK's request
-// head alone is about 600 bytes (its x-stainless-* fields), and a stream's
-// response head usually comes with its first events.
-constexpr std::size_t kHeadReadSize = 1024;
-
-// Gives `buffer` its first room (kHeadReadSize); on a buffer that a large
-// body grew past kIdleReadBufferLimit and that holds nothing, lets the rest
-// go.
-inline void reset_read_room(boost::beast::flat_buffer& buffer) {
-  if (buffer.capacity() > kIdleReadBufferLimit && buffer.size() == 0) buffer.shrink_to_fit();
-  buffer.reserve(kHeadReadSize);
-}
-
 // How much a read of a body may add to `buffer`, with `to_come` bytes of it
 // known to be still on their way: all of them (up to kLargestBodyRead)
 // rather than read_room's share, so that a body of many kilobytes takes a

@@ -21,6 +21,13 @@ class Connection {
  public:
   using executor_type = boost::asio::any_io_executor;
 
+  // A plain connection reads up to this much at once, where Beast would
+  // start at 512 bytes: a stream's head with its first events (or a short
+  // stream whole) then takes one read and one write to the client, not two
+  // of each. A held stream pays 512 bytes more for it. TLS connections read
+  // from the TLS layer's own buffer, so theirs stays at Beast's default.
+  static constexpr std::size_t kPlainReadBufferSize = 1024;
+
   Connection(executor_type executor, std::string origin_key);
   Connection(executor_type executor, std::string origin_key, boost::asio::ssl::context& tls);
 
