@@ -565,18 +565,12 @@ void SseScanner::feed(std::string_view piece, std::vector<std::string_view>& out
         break;
       case LineState::value:
       case LineState::skip: {
-        std::size_t end = 0;
         if (line_state_ == LineState::value && field_ == Field::data) {
-          const auto line = detail::scan_data_line(piece, i);
-          end = line.end;
-          const std::size_t key_from = line.first_key_start == detail::DataLine::kNone
-                                           ? detail::DataLine::kNone
-                                           : line.first_key_start - i;
-          take_data(piece.substr(i, end - i), end < size, key_from);
-        } else {
-          end = find_line_end(piece, i);
-          if (line_state_ == LineState::value) take_value(piece.substr(i, end - i), end < size);
+          i = take_data_value(i);
+          break;
         }
+        const std::size_t end = find_line_end(piece, i);
+        if (line_state_ == LineState::value) take_value(piece.substr(i, end - i), end < size);
         if (end == size) {
           i = size;
         } else {
@@ -604,21 +598,23 @@ std::size_t SseScanner::take_data_line(std::size_t start) {
   line_state_ = LineState::value;
   value_continued_ = false;
   if (value == size) return size;
-  const auto line = detail::scan_data_line(piece, value);
-  const std::size_t key_from = line.first_key_start == detail::DataLine::kNone
-                                   ? detail::DataLine::kNone
-                                   : line.first_key_start - value;
-  take_data(piece.substr(value, line.end - value), line.end < size, key_from);
-  if (line.end == size) return size;
-  end_line(line.end);
-  std::size_t next = line.end + 1;
+  std::size_t next = take_data_value(value);
   // The blank line that ends the event, nearly always right after.
-  if (!after_cr_ && next < size && piece[next] == '\n') {
+  if (next < size && !after_cr_ && piece[next] == '\n') {
     swallow_lf_ = false;
     end_line(next);
     ++next;
   }
   return next;
+}
+
+std::size_t SseScanner::take_data_value(std::size_t value) {
+  const std::string_view piece = piece_;
+  const auto line = detail::scan_data_line(piece, value);
+  take_data(piece.substr(value, line.end - value), line.end < piece.size(), line.key_from(value));
+  if (line.end == piece.size()) return piece.size();
+  end_line(line.end);
+  return line.end + 1;
 }
 
 void SseScanner::finish(std::vector<std::string_view>& out) {

@@ -62,6 +62,12 @@ struct DataLine {
   static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
   std::size_t end = 0;
   std::size_t first_key_start = kNone;
+
+  // first_key_start counted from `line_start`, where the line's value
+  // begins, or kNone.
+  std::size_t key_from(std::size_t line_start) const {
+    return first_key_start == kNone ? kNone : first_key_start - line_start;
+  }
 };
 DataLine scan_data_line(std::string_view text, std::size_t from);
 // The two ways scan_data_line reads, exposed so that tests can hold each to
@@ -154,6 +160,10 @@ class SseScanner {
   // '\n'. The outcome is the byte-by-byte reading's; returns where the
   // reading goes on.
   std::size_t take_data_line(std::size_t start);
+  // Takes a data line's value from `value` in the piece to its end or the
+  // piece's, and ends the line if it ended; returns where the reading goes
+  // on.
+  std::size_t take_data_value(std::size_t value);
   void start_field();
   void end_line(std::size_t position);
   void take_value(std::string_view bytes, bool line_complete);
