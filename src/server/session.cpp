@@ -176,9 +176,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     read_deadline.expires_never();
     // A large body grew the buffer; the connection keeps no more than a
     // head's worth while it waits for its next request.
-    if (buffer.capacity() > kIdleReadBufferLimit && buffer.size() == 0 && !watch.reading()) {
-      buffer.shrink_to_fit();
-    }
+    if (!watch.reading()) release_grown_buffer(buffer);
 
     RequestContext context{
         worker,        snapshot, request,  client,

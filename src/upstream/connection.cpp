@@ -19,9 +19,7 @@ Connection::Connection(executor_type executor, std::string origin_key,
 }
 
 void Connection::trim_read_buffer() {
-  if (read_buffer_.capacity() <= kIdleReadBufferLimit || read_buffer_.size() != 0) return;
-  read_buffer_.shrink_to_fit();
-  if (plain_) read_buffer_.reserve(kPlainReadBufferSize);
+  if (release_grown_buffer(read_buffer_) && plain_) read_buffer_.reserve(kPlainReadBufferSize);
 }
 
 void Connection::close() {

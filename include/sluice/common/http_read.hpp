@@ -35,6 +35,14 @@ constexpr std::size_t kLargestBodyRead = 65536;
 // message; one that a large body grew past this lets it go.
 constexpr std::size_t kIdleReadBufferLimit = 4096;
 
+// Frees a buffer that a large body grew past kIdleReadBufferLimit, once it
+// holds nothing; true if it did.
+inline bool release_grown_buffer(boost::beast::flat_buffer& buffer) {
+  if (buffer.capacity() <= kIdleReadBufferLimit || buffer.size() != 0) return false;
+  buffer.shrink_to_fit();
+  return true;
+}
+
 // How much a read of a body may add to `buffer`, with `to_come` bytes of it
 // known to be still on their way: all of them (up to kLargestBodyRead)
 // rather than read_room's share, so that a body of many kilobytes takes a
@@ -99,12 +107,13 @@ boost::asio::awaitable<error_code> read_http(boost::asio::ip::tcp::socket& socke
     if (auto settled = parse_buffered(buffer, parser, whole)) co_return *settled;
     // The socket's read is awaited here, not through a coroutine of its
     // own: that would be one frame more per read.
-    std::size_t size = read_room(buffer);
     // A body of known length (a prompt of many kilobytes) is read in reads
     // as large as what is still to come, not 512 bytes at a time.
+    std::uint64_t to_come = 0;
     if constexpr (requires { parser.body_bytes_to_come(); }) {
-      if (whole) size = body_read_room(buffer, parser.body_bytes_to_come());
+      if (whole) to_come = parser.body_bytes_to_come();
     }
+    const std::size_t size = body_read_room(buffer, to_come);
     if (size == 0) co_return boost::beast::http::error::buffer_overflow;
     auto [read_ec, n] = co_await drain_aware_read_some(
         socket, buffer.prepare(size), boost::asio::as_tuple(boost::asio::use_awaitable),
