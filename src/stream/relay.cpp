@@ -252,18 +252,20 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
         outcome.usage = scanner_->usage();
         outcome.events = scanner_->events();
       }
-    } else if (n > 0) {
-      if (!chunked && body_read >= *content_length && tail.empty()) {
-        // The whole body in one piece (the usual case): its usage is read
-        // where it lies, before the next read reuses the buffer.
-        outcome.usage = usage_from_json_tail(piece);
-        json_usage_read = true;
-      } else {
-        keep_tail(tail, piece);
+    } else {
+      if (n > 0) {
+        if (!chunked && body_read >= *content_length && tail.empty()) {
+          // The whole body in one piece (the usual case): its usage is read
+          // where it lies, before the next read reuses the buffer.
+          outcome.usage = usage_from_json_tail(piece);
+          json_usage_read = true;
+        } else {
+          keep_tail(tail, piece);
+        }
+        buffers_.spans.push_back(piece);
       }
-      buffers_.spans.push_back(piece);
+      if (body_ended && !json_usage_read) outcome.usage = usage_from_json_tail(tail);
     }
-    if (body_ended && !scanner_ && !json_usage_read) outcome.usage = usage_from_json_tail(tail);
     // A piece that only completed a stripped event leaves nothing to write.
     std::optional<bool> written = true;
     if (body_ended || !buffers_.spans.empty()) written = write_now(buffers_.spans, body_ended);
