@@ -32,6 +32,21 @@ listening_url() {
   return 1
 }
 
+# Usage: keyed_auth_section KEY
+# Prints a config's auth: section that admits KEY (by its SHA-256), with a
+# token budget no run reaches, so the auth stage counts but never refuses.
+keyed_auth_section() {
+  printf 'auth:\n  keys:\n    - name: bench\n      key_sha256: %s\n      tpm: 1000000000000\n' \
+    "$(printf %s "$1" | sha256sum | cut -d' ' -f1)"
+}
+
+# Usage: write_usage_body FILE MODEL
+# Writes a streamed request for MODEL that asks for the usage chunk
+# (stream_options.include_usage).
+write_usage_body() {
+  printf '%s' "{\"model\":\"$2\",\"stream\":true,\"stream_options\":{\"include_usage\":true},\"messages\":[{\"role\":\"user\",\"content\":\"Say hello.\"}]}" >"$1"
+}
+
 # An unused port to give a server that cannot choose its own (nginx).
 # Another process may still take it first: callers retry when the server
 # does not come up.
