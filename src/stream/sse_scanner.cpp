@@ -506,6 +506,24 @@ bool UsageOnlyProbe::rules_out(std::string_view bytes) {
 }  // namespace detail
 
 void SseScanner::feed(std::string_view piece, std::vector<std::string_view>& out) {
+  // What was handed out before is written by now: the held event's buffer
+  // moves to the front, and the others are free again.
+  if (handed_out_ > 0) {
+    if (handed_out_ < held_.size()) {
+      std::swap(held_[0], held_[handed_out_]);
+    } else {
+      held_[0]->clear();
+    }
+    handed_out_ = 0;
+  }
+  scan(piece, out);
+}
+
+void SseScanner::feed_more(std::string_view piece, std::vector<std::string_view>& out) {
+  scan(piece, out);
+}
+
+void SseScanner::scan(std::string_view piece, std::vector<std::string_view>& out) {
   piece_ = piece;
   out_ = &out;
   // An event held over from the previous piece comes first; the piece bytes
@@ -742,14 +760,19 @@ void SseScanner::give_up_on_event() {
   if (holding_) release_held();
 }
 
+std::string& SseScanner::hold_buffer() {
+  if (handed_out_ == held_.size()) held_.push_back(std::make_unique<std::string>());
+  return *held_[handed_out_];
+}
+
 void SseScanner::release_held() {
   holding_ = false;
   if (run_start_ != kNoRun) return;  // the run up to the event's start carries on through it
-  auto& held = held_[held_index_];
-  if (!held.empty()) out_->push_back(held);
-  // The handed-out buffer stays untouched until the next call.
-  held_index_ ^= 1;
-  held_[held_index_].clear();
+  if (handed_out_ < held_.size() && !held_[handed_out_]->empty()) {
+    out_->push_back(*held_[handed_out_]);
+    ++handed_out_;
+    if (handed_out_ < held_.size()) held_[handed_out_]->clear();
+  }
   run_start_ = 0;
 }
 
@@ -757,7 +780,7 @@ void SseScanner::drop_held(std::size_t end, bool ended_with_cr) {
   ++stripped_events_;
   holding_ = false;
   if (run_start_ == kNoRun) {
-    held_[held_index_].clear();
+    if (handed_out_ < held_.size()) held_[handed_out_]->clear();
   } else if (hold_start_ > run_start_) {
     out_->push_back(piece_.substr(run_start_, hold_start_ - run_start_));
   }
@@ -827,7 +850,7 @@ void SseScanner::end_of_piece() {
     probed_ = data_.size();
   }
   if (holding_) {
-    auto& held = held_[held_index_];
+    auto& held = hold_buffer();
     if (held.size() + (size - hold_start_) > max_carry_) {
       give_up_on_event();
     } else {

@@ -1,8 +1,9 @@
 // libFuzzer entry point for SseScanner; scripts/fuzz builds and runs it.
 //
-// The input is fed whole and in pieces cut at points derived from its bytes.
-// Checked: without stripping the client gets the input unchanged, as the very
-// pieces fed; what the scanner finds does not depend on the cuts; with
+// The input is fed whole and in pieces cut at points derived from its
+// bytes, one write per piece and several pieces per write. Checked: without
+// stripping the client gets the input unchanged, as the very pieces fed;
+// what the scanner finds does not depend on the cuts or the writes; with
 // stripping the client gets the input minus whole events that a plain,
 // non-incremental reading of the stream calls usage-only chunks; event count,
 // [DONE] and event boundaries agree with that plain reading.
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -162,34 +164,55 @@ struct Run {
   std::size_t stripped = 0;
 };
 
+// Feeds `input` cut at `cuts`. Each piece is fed from a buffer of its own,
+// and `pieces_per_write` of them make one write, as a read of several chunks
+// does in the relay: the first with feed(), the others with feed_more(), and
+// the write's spans are collected only after its last piece. Then every
+// buffer of the write is scribbled over, so that a view the scanner kept
+// into one shows.
 Run run(std::string_view input, const std::vector<std::size_t>& cuts, bool strip,
-        std::size_t max_carry, const PlainReading& reading) {
+        std::size_t max_carry, const PlainReading& reading, std::size_t pieces_per_write = 1) {
   SseScanner scanner(max_carry);
   scanner.set_strip_usage_only_chunks(strip);
   Run result;
-  std::string buffer;
+  // A deque: adding a piece moves none of the others (a short string's bytes
+  // live inside it).
+  std::deque<std::string> buffers;
   std::vector<std::string_view> out;
+  auto write_out = [&] {
+    for (auto span : out) result.written += span;
+    out.clear();
+    for (auto& buffer : buffers) {
+      for (auto& c : buffer) c = '\x7f';
+    }
+    buffers.clear();
+  };
   std::size_t begin = 0;
   auto feed_up_to = [&](std::size_t end) {
-    buffer.assign(input.substr(begin, end - begin));
-    out.clear();
-    scanner.feed(buffer, out);
+    const bool first_of_write = buffers.empty();
+    const auto& buffer = buffers.emplace_back(input.substr(begin, end - begin));
+    const std::size_t spans_before = out.size();
+    if (first_of_write) {
+      scanner.feed(buffer, out);
+    } else {
+      scanner.feed_more(buffer, out);
+    }
     if (!strip) {
-      check(out.size() == 1 && out[0].data() == buffer.data() && out[0].size() == buffer.size(),
+      check(out.size() == spans_before + 1 && out.back().data() == buffer.data() &&
+                out.back().size() == buffer.size(),
             "without stripping, a feed must answer with exactly its piece");
     }
-    for (auto span : out) result.written += span;
     check(scanner.at_event_boundary() == reading.boundary[end], "event boundary disagrees");
-    // Whatever the scanner kept a view of must not be the caller's buffer.
-    for (auto& c : buffer) c = '\x7f';
     begin = end;
+    if (buffers.size() == pieces_per_write) write_out();
   };
   for (auto cut : cuts) feed_up_to(cut);
   if (begin < input.size()) feed_up_to(input.size());
-  out.clear();
+  const std::size_t spans_before_finish = out.size();
   scanner.finish(out);
-  if (!strip) check(out.empty(), "without stripping, nothing is ever held back");
-  for (auto span : out) result.written += span;
+  if (!strip)
+    check(out.size() == spans_before_finish, "without stripping, nothing is ever held back");
+  write_out();
   result.usage = scanner.usage();
   result.saw_error = scanner.saw_error();
   result.saw_done = scanner.saw_done();
@@ -217,6 +240,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     cuts.push_back(at);
   }
   const std::size_t small_cap = 1 + random.next() % 96;
+  const std::size_t pieces_per_write = 2 + random.next() % 6;
 
   const auto reading = read_plainly(input);
   std::size_t expected_events = 0;
@@ -240,6 +264,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto whole = run(input, {}, strip, SseScanner::kDefaultMaxCarry, reading);
     const auto split = run(input, cuts, strip, SseScanner::kDefaultMaxCarry, reading);
     check(same_findings(whole, split), "the cuts changed what was found or written");
+    const auto batched =
+        run(input, cuts, strip, SseScanner::kDefaultMaxCarry, reading, pieces_per_write);
+    check(same_findings(whole, batched), "writing several pieces at once changed the outcome");
     check(whole.events == expected_events, "event count");
     check(whole.saw_done == expected_done, "[DONE]");
     if (error_by_type) check(whole.saw_error, "event: error missed");

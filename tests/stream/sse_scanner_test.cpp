@@ -677,6 +677,43 @@ TEST(SseScanner, FinishReturnsATruncatedHeldEvent) {
   EXPECT_EQ(scanner.events(), 0u);  // an unterminated event is not dispatched
 }
 
+// One read of a plain upstream brings several chunks, and each is fed as a
+// piece of its own, all written at once: the held bytes each piece releases
+// must stay as they were until the write, though every next piece holds an
+// event of its own.
+TEST(SseScanner, FeedMoreKeepsTheHeldSpansOfEveryPieceOfTheWrite) {
+  const std::string events[] = {kRoleChunk, content_chunk("Hello"), content_chunk(" there"),
+                                kFinishChunk};
+  constexpr std::size_t kHeadOfEvent = 30;  // too little of an event to release it
+  std::vector<std::string> pieces{events[0].substr(0, kHeadOfEvent)};
+  for (std::size_t i = 1; i < std::size(events); ++i) {
+    pieces.push_back(events[i - 1].substr(kHeadOfEvent) + events[i].substr(0, kHeadOfEvent));
+  }
+  pieces.push_back(events[std::size(events) - 1].substr(kHeadOfEvent) + kUsageOnlyChunk +
+                   kDone.substr(0, 5));
+
+  SseScanner scanner;
+  scanner.set_strip_usage_only_chunks(true);
+  std::vector<std::string_view> out;
+  scanner.feed(pieces[0], out);
+  EXPECT_TRUE(out.empty());  // the first event's head waits for the next piece
+  for (std::size_t i = 1; i < pieces.size(); ++i) scanner.feed_more(pieces[i], out);
+  scanner.finish(out);
+  std::string written;
+  for (auto span : out) written += span;
+  EXPECT_EQ(written, events[0] + events[1] + events[2] + events[3] + "data:");
+  EXPECT_EQ(scanner.usage(), kStreamUsage);
+  EXPECT_EQ(scanner.stripped_events(), 1u);
+
+  // The next feed() starts a new write: what it hands out is right too.
+  out.clear();
+  const std::string next = kDone.substr(5);
+  scanner.feed(next, out);
+  written.clear();
+  for (auto span : out) written += span;
+  EXPECT_EQ(written, kDone.substr(5));
+}
+
 TEST(SseScanner, AtEventBoundary) {
   SseScanner scanner;
   std::vector<std::string_view> out;

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -126,12 +127,17 @@ class SseScanner {
   void set_strip_usage_only_chunks(bool on) { strip_ = on; }
 
   // Scans `piece` and appends to `out` the spans to write to the client, in
-  // order. They point into `piece` or into the scanner, and stay valid until
-  // the next call to feed() or finish().
+  // order. They point into `piece` or into the scanner, and those into the
+  // scanner stay valid until the next call to feed().
   void feed(std::string_view piece, std::vector<std::string_view>& out);
+  // Scans the next piece of the same write (a read that brought several
+  // chunks): as feed(), but the spans handed out since the last feed() stay
+  // valid too.
+  void feed_more(std::string_view piece, std::vector<std::string_view>& out);
 
   // Ends the stream: appends any bytes still held back (a truncated last
-  // event) to `out`, valid until the scanner is destroyed or fed again. When
+  // event) to `out`, valid, as those handed out since the last feed(), until
+  // the scanner is destroyed or fed again. When
   // the upstream broke off, a caller that is about to write an error event of
   // its own may skip this instead: held bytes are an unfinished event that
   // would run into the error event's first line.
@@ -153,6 +159,7 @@ class SseScanner {
   static constexpr std::size_t kNameCapacity = 8;
   static constexpr std::size_t kNoRun = static_cast<std::size_t>(-1);
 
+  void scan(std::string_view piece, std::vector<std::string_view>& out);
   void begin_block(std::size_t position);
   // Nearly every line of a stream is a `data:` line, and a blank line that
   // ends the event follows it: from its name at `start` in the piece, such a
@@ -176,6 +183,8 @@ class SseScanner {
   std::string_view data() const { return data_in_buffer_ ? std::string_view(data_) : data_view_; }
   void append_data(std::string_view bytes);
   void give_up_on_event();
+  // The buffer a held event's bytes go to.
+  std::string& hold_buffer();
   void release_held();
   void drop_held(std::size_t end, bool ended_with_cr);
   void dispatch(std::size_t end, bool ended_with_cr);
@@ -217,13 +226,15 @@ class SseScanner {
   bool data_in_buffer_ = false;
   std::string data_;
 
-  // Hold-back for stripping. Two buffers alternate so that held bytes handed
-  // out by one call stay valid while the next event is being held.
+  // Hold-back for stripping. A held event's bytes wait in the buffer at
+  // held_[handed_out_]; the buffers before it were handed out since the last
+  // feed() and stay untouched until the next one. Each buffer is allocated
+  // on its own, so that adding one moves none of the others' bytes.
   bool holding_ = false;
   detail::UsageOnlyProbe probe_;
   std::size_t probed_ = 0;  // bytes of the event's data the probe has read
-  std::string held_[2];
-  int held_index_ = 0;
+  std::vector<std::unique_ptr<std::string>> held_;
+  std::size_t handed_out_ = 0;
 
   // Valid during one feed()/finish() call.
   std::string_view piece_;
