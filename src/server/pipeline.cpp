@@ -286,7 +286,7 @@ net::awaitable<void> settle_failure(RequestContext& context, router::Plan& plan,
   failed.status = exchange.status();
   context.record.attempts.push_back(
       attempt_record(deployment, exchange, "http_" + std::to_string(failed.status)));
-  failed.body = co_await read_error_body(exchange, context.relay_buffers.read);
+  failed.body = co_await read_error_body(exchange, context.relay_buffers.copy_buffer());
   redact(failed.body, deployment.api_key);
   auto content_type = exchange.content_type();
   failed.content_type = content_type.empty() ? "application/json" : std::string(content_type);
@@ -664,7 +664,7 @@ net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& cont
                                                            exchange.timing().sent);
     std::string body;
     if (exchange.status() >= 400) {
-      co_await read_body_into(exchange, context.relay_buffers.read, kMaxErrorBody, body);
+      co_await read_body_into(exchange, context.relay_buffers.copy_buffer(), kMaxErrorBody, body);
       auto kind = router::classify_status(exchange.status(), body);
       plan.report(*attempt, {kind, false, ttft, exchange.retry_after()}, Clock::now());
       failure = "deployment " + deployment.id + " answered " + std::to_string(exchange.status());
@@ -672,8 +672,8 @@ net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& cont
       continue;
     }
     plan.report(*attempt, {router::ResultKind::success, false, ttft, std::nullopt}, Clock::now());
-    bool complete =
-        co_await read_body_into(exchange, context.relay_buffers.read, kMaxInternalBody, body);
+    bool complete = co_await read_body_into(exchange, context.relay_buffers.copy_buffer(),
+                                            kMaxInternalBody, body);
     const auto finished_at = Clock::now();
     plan.finish(*attempt, complete,
                 std::chrono::duration_cast<router::Micros>(finished_at - task.limits.started),

@@ -85,6 +85,52 @@ constexpr std::string_view kLastChunk = "0\r\n\r\n";
 
 }  // namespace
 
+std::span<const std::string_view> Relay::take_pieces(const RelayOptions& options, std::size_t n,
+                                                     bool body_ended, bool read_to_length,
+                                                     RelayOutcome& outcome) {
+  const auto& pieces = buffers_.pieces;
+  if (options.capture && !outcome.capture_overflowed && n > 0) {
+    outcome.capture_overflowed = options.capture->size() + n > options.capture_limit;
+    if (outcome.capture_overflowed) {
+      options.capture->clear();
+    } else {
+      for (auto piece : pieces) options.capture->append(piece);
+    }
+  }
+  if (!scanner_) {
+    auto& tail = buffers_.json_tail;
+    if (read_to_length && tail.empty() && pieces.size() == 1) {
+      // The whole body in one piece (the usual case): its usage is read
+      // where it lies, before the next read reuses the buffer.
+      outcome.usage = usage_from_json_tail(pieces.front());
+      json_usage_read_ = true;
+    } else {
+      for (auto piece : pieces) keep_tail(tail, piece);
+    }
+    if (body_ended && !json_usage_read_) outcome.usage = usage_from_json_tail(tail);
+    return pieces;
+  }
+  auto& spans = buffers_.spans;
+  spans.clear();
+  if (n > 0) {
+    if (options.gaps) {
+      options.gaps->on_event(Clock::now());
+      if (auto gap = options.gaps->last_gap()) {
+        options.gap_histogram.observe(options.shard, std::chrono::duration<double>(*gap).count());
+      }
+    }
+    // The spans of every piece stay valid until this read is written.
+    scanner_->feed(pieces.front(), spans);
+    for (std::size_t i = 1; i < pieces.size(); ++i) scanner_->feed_more(pieces[i], spans);
+  }
+  if (body_ended) {
+    scanner_->finish(spans);
+    outcome.usage = scanner_->usage();
+    outcome.events = scanner_->events();
+  }
+  return spans;
+}
+
 net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::string_view head_fields,
                                         bool keep_alive, const RelayOptions& options) {
   RelayOutcome outcome;
@@ -157,9 +203,8 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     scanner_.emplace();
     scanner_->set_strip_usage_only_chunks(options.strip_usage_only_chunks);
   }
-  auto& tail = buffers_.json_tail;
-  tail.clear();
-  bool json_usage_read = false;  // into outcome.usage, from a body read whole at once
+  buffers_.json_tail.clear();
+  json_usage_read_ = false;
   std::uint64_t body_read = 0;
   bool completion_reported = false;
   auto report_completion = [&] {
@@ -168,26 +213,33 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     options.on_upstream_complete(outcome);
   };
 
+  // A plain upstream's body is relayed from its connection's read buffer; a
+  // TLS upstream's is copied into buffers_.read.
+  const bool in_place = exchange.reads_in_place();
   bool filled_buffer = false;
   for (;;) {
-    // Grown between reads, never while a write still points into it.
-    if (filled_buffer && buffers_.read.size() < kLargestRead) {
-      buffers_.read.resize(std::min(buffers_.read.size() * 2, kLargestRead));
+    buffers_.pieces.clear();
+    if (!in_place) {
+      // Grown between reads, never while a write still points into it.
+      buffers_.copy_buffer();
+      if (filled_buffer && buffers_.read.size() < kLargestRead) {
+        buffers_.read.resize(std::min(buffers_.read.size() * 2, kLargestRead));
+      }
     }
     // Named once: every local of this frame takes a slot of its own.
-    auto read = exchange.read_buffered_body(buffers_.read.data(), buffers_.read.size());
+    auto read = in_place ? exchange.read_buffered_body(buffers_.pieces)
+                         : exchange.read_buffered_body(buffers_.read.data(), buffers_.read.size());
     while (!read) {
-      // A plain connection's read is awaited here, not through read_body's
-      // coroutine: that would be a frame more for every event of a stream.
-      auto plain = exchange.begin_plain_body_read();
-      if (!plain) {
+      if (!in_place) {
         read = co_await exchange.read_body(buffers_.read.data(), buffers_.read.size());
         break;
       }
+      // A plain connection's read is awaited here, not through read_body's
+      // coroutine: that would be a frame more for every event of a stream.
+      auto plain = exchange.begin_plain_body_read();
       auto [read_ec, bytes] =
           co_await drain_aware_read_some(plain->socket, plain->room, as_tuple(use_awaitable));
-      read = exchange.finish_plain_body_read(read_ec, bytes, buffers_.read.data(),
-                                             buffers_.read.size());
+      read = exchange.finish_plain_body_read(read_ec, bytes, buffers_.pieces);
     }
     if (!read->ok()) {
       outcome.upstream_error = read->error();
@@ -212,63 +264,22 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
       co_return outcome;
     }
     const std::size_t n = read->value();
-    filled_buffer = n == buffers_.read.size();
+    if (!in_place) {
+      filled_buffer = n == buffers_.read.size();
+      if (n > 0) buffers_.pieces.emplace_back(buffers_.read.data(), n);
+    }
     // The body's last piece goes out with the body's end (the last chunk) in
     // one write, rather than waiting for the read that reports the end.
-    bool body_ended = n == 0 || exchange.finished();
-    const std::string_view piece(buffers_.read.data(), n);
-    if (options.capture && !outcome.capture_overflowed && n > 0) {
-      outcome.capture_overflowed = options.capture->size() + n > options.capture_limit;
-      if (outcome.capture_overflowed) {
-        options.capture->clear();
-      } else {
-        options.capture->append(piece);
-      }
-    }
+    const bool body_ended = n == 0 || exchange.finished();
     body_read += n;
-    // A Content-Length body's last piece is written after this report, as
-    // is a chunked body's end.
-    if (body_ended || (!chunked && body_read >= *content_length)) report_completion();
-    buffers_.spans.clear();
-    if (scanner_) {
-      if (n > 0) {
-        if (options.gaps) {
-          auto now = Clock::now();
-          options.gaps->on_event(now);
-          auto gap = options.gaps->last_gap();
-          if (gap) {
-            options.gap_histogram.observe(options.shard,
-                                          std::chrono::duration<double>(*gap).count());
-          }
-        }
-        scanner_->feed(piece, buffers_.spans);
-        // A truncated last event still held back would come out of
-        // finish() in a buffer that this piece's spans may point into:
-        // the piece is written first, and the end with the next turn.
-        if (!scanner_->at_event_boundary()) body_ended = false;
-      }
-      if (body_ended) {
-        scanner_->finish(buffers_.spans);
-        outcome.usage = scanner_->usage();
-        outcome.events = scanner_->events();
-      }
-    } else {
-      if (n > 0) {
-        if (!chunked && body_read >= *content_length && tail.empty()) {
-          // The whole body in one piece (the usual case): its usage is read
-          // where it lies, before the next read reuses the buffer.
-          outcome.usage = usage_from_json_tail(piece);
-          json_usage_read = true;
-        } else {
-          keep_tail(tail, piece);
-        }
-        buffers_.spans.push_back(piece);
-      }
-      if (body_ended && !json_usage_read) outcome.usage = usage_from_json_tail(tail);
-    }
+    const bool read_to_length = !chunked && body_read >= *content_length;
+    const auto spans = take_pieces(options, n, body_ended, read_to_length, outcome);
+    // A Content-Length body's last piece is written after this report (and
+    // after its capture), as is a chunked body's end.
+    if (body_ended || read_to_length) report_completion();
     // A piece that only completed a stripped event leaves nothing to write.
     std::optional<bool> written = true;
-    if (body_ended || !buffers_.spans.empty()) written = write_now(buffers_.spans, body_ended);
+    if (body_ended || !spans.empty()) written = write_now(spans, body_ended);
     if (!written) written = co_await write_rest();
     if (body_ended) {
       outcome.complete = *written;

@@ -124,11 +124,11 @@ UpstreamError Exchange::classify(const error_code& ec, bool expecting_head) cons
 
 namespace {
 
-// What a read of the body into a buffer of `capacity` came to: the bytes it
-// holds, or 0 once the body is complete (a last piece is returned first);
-// nullopt when there is nothing to return yet.
-std::optional<std::size_t> body_produced(const ResponseParser& parser, std::size_t capacity) {
-  const std::size_t produced = capacity - parser.body_space_left();
+// What a read of the body came to: the bytes taken, or 0 once the body is
+// complete (a last piece is returned first); nullopt when there is nothing
+// to return yet.
+std::optional<std::size_t> body_produced(const ResponseParser& parser) {
+  const std::size_t produced = parser.body_taken();
   if (produced > 0 || parser.is_done()) return produced;
   return std::nullopt;
 }
@@ -137,11 +137,23 @@ std::optional<std::size_t> body_produced(const ResponseParser& parser, std::size
 
 std::optional<Result<std::size_t, UpstreamError>> Exchange::read_buffered_body(
     char* data, std::size_t capacity) {
-  auto& buffered = connection_->read_buffer();
   parser_->set_body_buffer(data, capacity);
+  return take_buffered_body();
+}
+
+std::optional<Result<std::size_t, UpstreamError>> Exchange::read_buffered_body(
+    std::vector<std::string_view>& views) {
+  parser_->set_body_views(views);
+  return take_buffered_body();
+}
+
+std::optional<Result<std::size_t, UpstreamError>> Exchange::take_buffered_body() {
+  auto& buffered = connection_->read_buffer();
   while (!parser_->is_done() && buffered.size() > 0) {
     error_code ec;
     const std::size_t used = parser_->put(buffered.data(), ec);
+    // Views of the body stay valid: consuming moves no bytes, only the next
+    // read of the socket (prepare) does.
     buffered.consume(used);
     // A parser that waits has taken all it can of what is buffered (an
     // event's chunk leaves the CRLF after its data for the next read).
@@ -152,9 +164,9 @@ std::optional<Result<std::size_t, UpstreamError>> Exchange::read_buffered_body(
       return classify(ec, false);
     }
     // Pieces that arrived together (chunks, events) leave as one write.
-    if (waits || used == 0 || buffered.size() == 0 || parser_->body_space_left() == 0) break;
+    if (waits || used == 0 || buffered.size() == 0 || parser_->body_buffer_full()) break;
   }
-  if (auto produced = body_produced(*parser_, capacity)) return *produced;
+  if (auto produced = body_produced(*parser_)) return *produced;
   return std::nullopt;
 }
 
@@ -174,16 +186,25 @@ std::optional<Exchange::PlainBodyRead> Exchange::begin_plain_body_read() {
   return PlainBodyRead{*socket, buffered.prepare(room)};
 }
 
-std::optional<Result<std::size_t, UpstreamError>> Exchange::finish_plain_body_read(
-    error_code ec, std::size_t bytes, char* data, std::size_t capacity) {
+error_code Exchange::settle_plain_body_read(error_code ec, std::size_t bytes) {
   auto& buffered = connection_->read_buffer();
   // A read into no room completes at once with nothing.
-  if (!ec && bytes == 0 && read_room(buffered) == 0) {
-    ec = http::error::buffer_overflow;
-  } else {
-    ec = settle_read(ec, bytes, buffered, *parser_, connection_->read_deadline());
-  }
+  if (!ec && bytes == 0 && read_room(buffered) == 0) return http::error::buffer_overflow;
+  return settle_read(ec, bytes, buffered, *parser_, connection_->read_deadline());
+}
+
+std::optional<Result<std::size_t, UpstreamError>> Exchange::finish_plain_body_read(
+    error_code ec, std::size_t bytes, char* data, std::size_t capacity) {
+  ec = settle_plain_body_read(ec, bytes);
   if (!ec) return read_buffered_body(data, capacity);
+  failed_ = true;
+  return classify(ec, false);
+}
+
+std::optional<Result<std::size_t, UpstreamError>> Exchange::finish_plain_body_read(
+    error_code ec, std::size_t bytes, std::vector<std::string_view>& views) {
+  ec = settle_plain_body_read(ec, bytes);
+  if (!ec) return read_buffered_body(views);
   failed_ = true;
   return classify(ec, false);
 }
@@ -209,7 +230,7 @@ net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* dat
       failed_ = true;
       co_return classify(ec, false);
     }
-    if (auto produced = body_produced(*parser_, capacity)) co_return *produced;
+    if (auto produced = body_produced(*parser_)) co_return *produced;
   }
 }
 

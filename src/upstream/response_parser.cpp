@@ -17,22 +17,33 @@ namespace {
 // Room for a typical response's forwarded lines at once.
 constexpr std::size_t kTypicalLinesBytes = 256;
 
-// Takes as much of `body` as fits in [data, data + space), as Beast's
-// buffer_body does: what does not fit waits for the next buffer.
-std::size_t fill(char*& data, std::size_t& space, std::string_view body, error_code& ec) {
-  if (data == nullptr) {
+}  // namespace
+
+std::size_t ResponseParser::take_body(std::string_view body, error_code& ec) {
+  if (body_views_ != nullptr) {
+    if (body.empty()) return 0;
+    auto& views = *body_views_;
+    if (!views.empty() && views.back().data() + views.back().size() == body.data()) {
+      views.back() = {views.back().data(), views.back().size() + body.size()};
+    } else {
+      views.push_back(body);
+    }
+    body_taken_ += body.size();
+    return body.size();
+  }
+  // As Beast's buffer_body: what does not fit waits for the next buffer.
+  if (body_data_ == nullptr) {
     ec = parse_wait::need_buffer;
     return 0;
   }
-  const std::size_t taken = std::min(space, body.size());
-  if (taken > 0) std::memcpy(data, body.data(), taken);
-  data += taken;
-  space -= taken;
+  const std::size_t taken = std::min(body_space_, body.size());
+  if (taken > 0) std::memcpy(body_data_, body.data(), taken);
+  body_data_ += taken;
+  body_space_ -= taken;
+  body_taken_ += taken;
   if (taken < body.size()) ec = parse_wait::need_buffer;
   return taken;
 }
-
-}  // namespace
 
 bool ResponseParser::is_event_stream() const {
   auto type = content_type();
@@ -93,7 +104,7 @@ std::size_t ResponseParser::take_plain_body(std::string_view bytes, error_code& 
   if (chunked()) return take_plain_chunks(bytes, ec);
   const auto length =
       static_cast<std::size_t>(std::min<std::uint64_t>(bytes.size(), body_remaining_));
-  const std::size_t taken = fill(body_data_, body_space_, bytes.substr(0, length), ec);
+  const std::size_t taken = take_body(bytes.substr(0, length), ec);
   body_remaining_ -= taken;
   if (body_remaining_ == 0) end_plain_body();
   return taken;
@@ -107,7 +118,7 @@ std::size_t ResponseParser::take_plain_chunks(std::string_view bytes, error_code
       const auto length =
           static_cast<std::size_t>(std::min<std::uint64_t>(bytes.size() - used, body_remaining_));
       if (length == 0) return used;
-      const std::size_t taken = fill(body_data_, body_space_, bytes.substr(used, length), ec);
+      const std::size_t taken = take_body(bytes.substr(used, length), ec);
       used += taken;
       body_remaining_ -= taken;
       if (ec || body_remaining_ > 0) return used;
@@ -220,7 +231,7 @@ void ResponseParser::on_header_impl(error_code&) {}
 void ResponseParser::on_body_init_impl(const boost::optional<std::uint64_t>&, error_code&) {}
 
 std::size_t ResponseParser::on_body_impl(boost::beast::string_view body, error_code& ec) {
-  return fill(body_data_, body_space_, {body.data(), body.size()}, ec);
+  return take_body({body.data(), body.size()}, ec);
 }
 
 void ResponseParser::on_chunk_header_impl(std::uint64_t, boost::beast::string_view, error_code&) {}
@@ -228,7 +239,7 @@ void ResponseParser::on_chunk_header_impl(std::uint64_t, boost::beast::string_vi
 std::size_t ResponseParser::on_chunk_body_impl(std::uint64_t, boost::beast::string_view body,
                                                error_code& ec) {
   if (priming()) return body.size();  // not the upstream's
-  return fill(body_data_, body_space_, {body.data(), body.size()}, ec);
+  return take_body({body.data(), body.size()}, ec);
 }
 
 void ResponseParser::on_finish_impl(error_code&) {}

@@ -237,6 +237,22 @@ TEST(RelayWrites, ALargeJsonBodyTakesAFewReadsAndWrites) {
   }
 }
 
+// Three streamed requests with a key that has a token budget, for which the
+// gateway asks for the usage chunk itself and strips it: each reaches the
+// client as `expected_body`.
+void expect_budgeted_streams_arrive_as(const CannedUpstream& upstream,
+                                       const std::string& expected_body) {
+  const std::string key = "sk-team-a-0123456789";
+  TestGateway gateway("auth:\n  keys:\n    - name: team-a\n      key: " + key +
+                      "\n      tpm: 100000\n" + gateway_yaml(upstream));
+  for (int round = 0; round < 3; ++round) {
+    auto response = http_request(gateway.port(), "POST", "/v1/chat/completions",
+                                 chat_body("chat", true), {{"Authorization", "Bearer " + key}});
+    ASSERT_EQ(response.status, 200u) << response.body;
+    EXPECT_EQ(response.body, expected_body) << "round " << round;
+  }
+}
+
 // For a key with a token budget the gateway asks for the usage chunk itself
 // and holds back each event until it knows the event is not that chunk. An
 // event held over from one read and released in the next, followed in that
@@ -251,15 +267,33 @@ TEST(RelayEnd, AnEventReleasedLateAndATruncatedLastOneArriveIntact) {
   const std::string truncated = R"(data: {"id":"b","choices":[])";
   CannedUpstream upstream(std::vector<std::string>{
       kStreamHead + chunk(first_start), chunk(first_rest) + chunk(truncated) + kLastChunk});
-  const std::string key = "sk-team-a-0123456789";
-  TestGateway gateway("auth:\n  keys:\n    - name: team-a\n      key: " + key +
-                      "\n      tpm: 100000\n" + gateway_yaml(upstream));
-  for (int round = 0; round < 3; ++round) {
-    auto response = http_request(gateway.port(), "POST", "/v1/chat/completions",
-                                 chat_body("chat", true), {{"Authorization", "Bearer " + key}});
-    ASSERT_EQ(response.status, 200u) << response.body;
-    EXPECT_EQ(response.body, first_start + first_rest + truncated) << "round " << round;
+  expect_budgeted_streams_arrive_as(upstream, first_start + first_rest + truncated);
+}
+
+// A plain upstream's read that brings many chunks is relayed from the
+// connection's own buffer, chunk by chunk, in one write. Events split
+// across chunks are held back and released chunk after chunk within that
+// read: each must reach the client as it was sent, and the usage-only chunk
+// the gateway asked for must not.
+TEST(RelayEnd, EventsSplitAcrossTheChunksOfOneReadArriveIntact) {
+  const std::string usage_only =
+      R"(data: {"id":"u","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}})"
+      "\n\n";
+  std::string chunks;
+  std::string expected;
+  for (const char* text : {"one", "two", "three", "four"}) {
+    const std::string event =
+        R"(data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":")" +
+        std::string(text) + R"("},"finish_reason":null}]})" + "\n\n";
+    // The event's first bytes cannot tell whether it is the usage-only one.
+    chunks += chunk(event.substr(0, 20)) + chunk(event.substr(20));
+    expected += event;
   }
+  chunks +=
+      chunk(usage_only.substr(0, 20)) + chunk(usage_only.substr(20)) + chunk("data: [DONE]\n\n");
+  expected += "data: [DONE]\n\n";
+  CannedUpstream upstream(kStreamHead + chunks + kLastChunk);
+  expect_budgeted_streams_arrive_as(upstream, expected);
 }
 
 }  // namespace

@@ -165,6 +165,61 @@ TEST(ResponseParser, ChunkedBodyFillsOneBufferAfterAnother) {
   EXPECT_EQ(received, payload);
 }
 
+// Handed over as views, a chunked body is the bytes that were put, never a
+// copy: one view per chunk's data, whatever the reader that frames it.
+TEST(ResponseParser, BodyViewsPointIntoTheBytesPut) {
+  const std::string head =
+      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n";
+  const std::pair<std::string, std::vector<std::string>> cases[] = {
+      {"7\r\ndata: a\r\n9\r\ndata: bcd\r\n0\r\n\r\n", {"data: a", "data: bcd"}},
+      // Extensions and a trailer: Beast's parser frames these.
+      {"7;x=y\r\ndata: a\r\n9\r\ndata: bcd\r\n0\r\nX-Sum: 1\r\n\r\n", {"data: a", "data: bcd"}},
+  };
+  for (const auto& [chunks, expected] : cases) {
+    SCOPED_TRACE(chunks);
+    ResponseParser parser;
+    parser.body_limit(boost::none);
+    error_code ec;
+    ASSERT_EQ(feed_parser(parser, head, ec), head.size());
+    std::vector<std::string_view> views;
+    std::size_t used = 0;
+    for (int round = 0; round < 10 && !parser.is_done(); ++round) {
+      parser.set_body_views(views);
+      ec = {};
+      used += parser.put(boost::asio::buffer(chunks.data() + used, chunks.size() - used), ec);
+      ASSERT_TRUE(!ec || ec == http::error::need_more) << ec.message();
+    }
+    ASSERT_TRUE(parser.is_done());
+    EXPECT_EQ(used, chunks.size());
+    ASSERT_EQ(views.size(), expected.size());
+    for (std::size_t i = 0; i < views.size(); ++i) {
+      EXPECT_EQ(views[i], expected[i]);
+      EXPECT_GE(views[i].data(), chunks.data());
+      EXPECT_LE(views[i].data() + views[i].size(), chunks.data() + chunks.size());
+    }
+  }
+
+  // A Content-Length body put in two pieces of one buffer is one view, and
+  // set_body_views counts what it takes from then on.
+  const std::string wire = "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789";
+  ResponseParser parser;
+  error_code ec;
+  std::size_t used = feed_parser(parser, wire, ec);
+  std::vector<std::string_view> views;
+  parser.set_body_views(views);
+  for (std::size_t piece : {4, 6}) {
+    ec = {};
+    used += parser.put(boost::asio::buffer(wire.data() + used, piece), ec);
+    EXPECT_FALSE(ec) << ec.message();
+  }
+  EXPECT_TRUE(parser.is_done());
+  ASSERT_EQ(views.size(), 1u);
+  EXPECT_EQ(views[0], "0123456789");
+  EXPECT_EQ(views[0].data(), wire.data() + wire.size() - 10);
+  EXPECT_EQ(parser.body_taken(), 10u);
+}
+
 TEST(ResponseParser, ContentLengthBodyStopsWhenTheBufferIsFull) {
   const std::string wire = "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789";
   ResponseParser parser;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -57,10 +58,10 @@ struct RelayOptions {
 
 // Relays an upstream response to the client as it is read: each read is
 // written at once, framed as an HTTP chunk around the upstream's bytes (never
-// re-serialised). The response head is sent together with the first body
-// bytes. If the upstream fails after that, an event-stream gets a final
-// `data: {"error":...}` event and a clean end; other bodies are cut off so the
-// client can tell.
+// re-serialised, and from a plain upstream never copied: the write points
+// into the upstream connection's read buffer). The response head is sent together with the first
+// body bytes. If the upstream fails after that, an event-stream gets a final `data: {"error":...}`
+// event and a clean end; other bodies are cut off so the client can tell.
 class Relay {
  public:
   // The read buffer starts at kFirstReadSize and grows (up to kLargestRead)
@@ -72,8 +73,18 @@ class Relay {
   // What a relay works in, kept by the client connection from one request to
   // the next, so that relaying a request allocates none of it.
   struct Buffers {
-    std::vector<char> read = std::vector<char>(kFirstReadSize);
+    // Where a body is copied to when it cannot be relayed from the upstream
+    // connection's own buffer (TLS upstreams; error bodies read whole).
+    // Allocated on first use: a plain upstream's streams never need it.
+    std::vector<char>& copy_buffer() {
+      if (read.empty()) read.resize(kFirstReadSize);
+      return read;
+    }
+    std::vector<char> read;
     std::string head;
+    // One read's body: views of the upstream connection's buffer, or of
+    // `read`.
+    std::vector<std::string_view> pieces;
     std::vector<std::string_view> spans;
     std::vector<boost::asio::const_buffer> wire;
     std::array<char, 20> chunk_size_line{};  // of the chunk being written
@@ -99,6 +110,15 @@ class Relay {
   // A member rather than a local of run(): that keeps run()'s frame under
   // the size glibc's per-thread cache serves.
   std::optional<SseScanner> scanner_;
+  // A JSON body's usage was read from the whole body at once.
+  bool json_usage_read_ = false;
+
+  // What one read of the body brought (buffers_.pieces, `n` bytes), taken
+  // in plain code: captured for the cache, then scanned (a stream) or kept
+  // for its usage (a JSON body). Returns the spans to write.
+  std::span<const std::string_view> take_pieces(const RelayOptions& options, std::size_t n,
+                                                bool body_ended, bool read_to_length,
+                                                RelayOutcome& outcome);
 };
 
 // The usage object near the end of a JSON body, from its last bytes only

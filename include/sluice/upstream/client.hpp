@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "sluice/common/clock.hpp"
 #include "sluice/common/errors.hpp"
@@ -141,6 +142,14 @@ class Exchange {
   // coroutine for them would cost a frame each.
   std::optional<Result<std::size_t, UpstreamError>> read_buffered_body(char* data,
                                                                        std::size_t capacity);
+  // The same, but the body is appended to `views` as views of the
+  // connection's read buffer rather than copied: they stay valid until the
+  // socket is read again (begin_plain_body_read) or the exchange ends. Only
+  // for a connection that reads_in_place: a TLS connection's reads go
+  // through Beast's, which may move buffered bytes while it reads.
+  std::optional<Result<std::size_t, UpstreamError>> read_buffered_body(
+      std::vector<std::string_view>& views);
+  bool reads_in_place() const { return connection_->plain_socket() != nullptr; }
   // Then from the socket, when read_buffered_body returned nullopt (it does
   // not look at the buffer again before it reads).
   boost::asio::awaitable<Result<std::size_t, UpstreamError>> read_body(char* data,
@@ -162,6 +171,8 @@ class Exchange {
                                                                            std::size_t bytes,
                                                                            char* data,
                                                                            std::size_t capacity);
+  std::optional<Result<std::size_t, UpstreamError>> finish_plain_body_read(
+      error_code ec, std::size_t bytes, std::vector<std::string_view>& views);
 
   // Closes the connection now; it will not be reused.
   void abort();
@@ -172,6 +183,10 @@ class Exchange {
   // When the next body read gives up: timeouts.idle from now, or the total
   // deadline if that comes first.
   TimePoint body_read_deadline() const;
+  // read_buffered_body into the buffer or views set on the parser.
+  std::optional<Result<std::size_t, UpstreamError>> take_buffered_body();
+  // A plain socket read's outcome, settled into the read buffer.
+  error_code settle_plain_body_read(error_code ec, std::size_t bytes);
   void reset_parser();
 
   Pool& pool_;

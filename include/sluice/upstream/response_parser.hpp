@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "sluice/common/plain_head.hpp"
 #include "sluice/common/recycling_allocator.hpp"
@@ -21,7 +22,10 @@ namespace sluice::upstream {
 // wrote out again.
 //
 // The body goes into the caller's buffer, as with Beast's buffer_body: a
-// full buffer stops the parse with need_buffer.
+// full buffer stops the parse with need_buffer. Or, where the caller keeps
+// the bytes it puts in place until it has used the body, the body is handed
+// over as views of those bytes: a stream's events leave as they came in,
+// never copied.
 //
 // A plain head with a Content-Length or a chunked body is read by the plain
 // reader (plain_head.hpp), and so are chunks of the plain shape (a size alone
@@ -47,10 +51,25 @@ class ResponseParser final : public PlainFirstParser<false, ResponseParser> {
 
   // Where the next body bytes go; what is left of it after a put.
   void set_body_buffer(char* data, std::size_t capacity) {
+    body_views_ = nullptr;
     body_data_ = data;
     body_space_ = capacity;
+    body_taken_ = 0;
   }
   std::size_t body_space_left() const { return body_space_; }
+  // Whether a put would stop for want of room: the buffer is full.
+  bool body_buffer_full() const { return body_views_ == nullptr && body_space_ == 0; }
+  // Body bytes taken since the buffer or the views were set.
+  std::size_t body_taken() const { return body_taken_; }
+  // Instead of a buffer: the body's bytes are appended to `views` as views
+  // of the bytes given to put(), with no limit on how many are taken.
+  // Adjacent bytes (a Content-Length body put in pieces) extend one view.
+  void set_body_views(std::vector<std::string_view>& views) {
+    body_views_ = &views;
+    body_data_ = nullptr;
+    body_space_ = 0;
+    body_taken_ = 0;
+  }
 
  private:
   using Lines = std::basic_string<char, std::char_traits<char>, RecyclingAllocator<char>>;
@@ -58,6 +77,9 @@ class ResponseParser final : public PlainFirstParser<false, ResponseParser> {
   friend PlainFirstParser;
   std::size_t read_plain_head(std::string_view bytes);
   std::size_t take_plain_body(std::string_view bytes, boost::beast::error_code& ec);
+  // Takes body bytes into the buffer or the views; what does not fit in the
+  // buffer waits (need_buffer).
+  std::size_t take_body(std::string_view body, boost::beast::error_code& ec);
   std::size_t take_plain_chunks(std::string_view bytes, boost::beast::error_code& ec);
   std::size_t hand_over_chunks(std::string_view bytes, std::size_t used,
                                boost::beast::error_code& ec);
@@ -88,6 +110,8 @@ class ResponseParser final : public PlainFirstParser<false, ResponseParser> {
   std::optional<std::chrono::seconds> retry_after_;
   char* body_data_ = nullptr;
   std::size_t body_space_ = 0;
+  std::vector<std::string_view>* body_views_ = nullptr;
+  std::size_t body_taken_ = 0;
   unsigned status_ = 0;
   // Past a chunk's data, before the CRLF that ends it.
   bool chunk_data_ended_ = false;
