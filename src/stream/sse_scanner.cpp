@@ -420,86 +420,99 @@ namespace detail {
 
 bool UsageOnlyProbe::rules_out(std::string_view bytes) {
   static constexpr std::string_view kChoices = "choices";
-  for (const char c : bytes) {
-    if (stage_ == Stage::ruled_out) return true;
-    if (in_string_) {
-      if (escaped_) {
-        escaped_ = false;
+  // The state is worked on in a copy: the members are written back once, so
+  // that the compiler need not reload them after every byte it reads (a char
+  // may alias anything). Most bytes of a payload are inside strings that
+  // cannot be the "choices" key; those are skipped to the next quote or
+  // backslash.
+  UsageOnlyProbe state = *this;
+  const char* p = bytes.data();
+  const char* const last = p + bytes.size();
+  while (p < last && state.stage_ != Stage::ruled_out) {
+    if (state.in_string_ && !state.escaped_ && (!state.reading_key_ || state.key_mismatch_)) {
+      while (p < last && *p != '"' && *p != '\\') ++p;
+      if (p == last) break;
+    }
+    const char c = *p++;
+    if (state.in_string_) {
+      if (state.escaped_) {
+        state.escaped_ = false;
       } else if (c == '\\') {
-        escaped_ = true;
-        key_mismatch_ = true;  // an escaped key is left to the full parse
+        state.escaped_ = true;
+        state.key_mismatch_ = true;  // an escaped key is left to the full parse
       } else if (c == '"') {
-        in_string_ = false;
-        if (reading_key_) {
-          reading_key_ = false;
-          key_is_choices_ = !key_mismatch_ && key_matched_ == kChoices.size();
+        state.in_string_ = false;
+        if (state.reading_key_) {
+          state.reading_key_ = false;
+          state.key_is_choices_ = !state.key_mismatch_ && state.key_matched_ == kChoices.size();
         }
-      } else if (reading_key_ && !key_mismatch_) {
-        if (key_matched_ < kChoices.size() && c == kChoices[key_matched_]) {
-          ++key_matched_;
+      } else if (state.reading_key_ && !state.key_mismatch_) {
+        if (state.key_matched_ < kChoices.size() && c == kChoices[state.key_matched_]) {
+          ++state.key_matched_;
         } else {
-          key_mismatch_ = true;
+          state.key_mismatch_ = true;
         }
       }
       continue;
     }
     if (is_json_space(c)) continue;
-    switch (stage_) {
+    switch (state.stage_) {
       case Stage::before_object:
         if (c == '{') {
-          stage_ = Stage::in_object;
-          depth_ = 1;
-          expect_key_ = true;
+          state.stage_ = Stage::in_object;
+          state.depth_ = 1;
+          state.expect_key_ = true;
         } else if (static_cast<unsigned char>(c) < 0x80) {
           // A byte-order mark (non-ASCII) may still precede the object.
-          stage_ = Stage::ruled_out;
+          state.stage_ = Stage::ruled_out;
         }
         break;
       case Stage::choices_value:
         if (c == '[') {
-          stage_ = Stage::choices_first_item;
-          ++depth_;
+          state.stage_ = Stage::choices_first_item;
+          ++state.depth_;
         } else {
-          stage_ = Stage::ruled_out;
+          state.stage_ = Stage::ruled_out;
         }
         break;
       case Stage::choices_first_item:
         if (c == ']') {
-          stage_ = Stage::in_object;
-          --depth_;
+          state.stage_ = Stage::in_object;
+          --state.depth_;
         } else {
-          stage_ = Stage::ruled_out;
+          state.stage_ = Stage::ruled_out;
         }
         break;
       case Stage::after_object:
         // Trailing bytes make the payload invalid JSON, which is never stripped.
-        stage_ = Stage::ruled_out;
+        state.stage_ = Stage::ruled_out;
         break;
       case Stage::in_object:
         if (c == '"') {
-          in_string_ = true;
-          if (depth_ == 1 && expect_key_) {
-            reading_key_ = true;
-            expect_key_ = false;
-            key_matched_ = 0;
-            key_mismatch_ = false;
+          state.in_string_ = true;
+          if (state.depth_ == 1 && state.expect_key_) {
+            state.reading_key_ = true;
+            state.expect_key_ = false;
+            state.key_matched_ = 0;
+            state.key_mismatch_ = false;
           }
         } else if (c == '{' || c == '[') {
-          ++depth_;
+          ++state.depth_;
         } else if (c == '}' || c == ']') {
-          if (--depth_ == 0) stage_ = Stage::after_object;
-        } else if (c == ',' && depth_ == 1) {
-          expect_key_ = true;
-          key_is_choices_ = false;
-        } else if (c == ':' && depth_ == 1 && key_is_choices_) {
-          key_is_choices_ = false;
-          stage_ = Stage::choices_value;
+          if (--state.depth_ == 0) state.stage_ = Stage::after_object;
+        } else if (c == ',' && state.depth_ == 1) {
+          state.expect_key_ = true;
+          state.key_is_choices_ = false;
+        } else if (c == ':' && state.depth_ == 1 && state.key_is_choices_) {
+          state.key_is_choices_ = false;
+          state.stage_ = Stage::choices_value;
         }
         break;
       case Stage::ruled_out:
         break;
     }
   }
+  *this = state;
   return stage_ == Stage::ruled_out;
 }
 
