@@ -61,6 +61,17 @@ void* operator new(std::size_t size, std::align_val_t alignment) {
 void* operator new[](std::size_t size, std::align_val_t alignment) {
   return counted_aligned_allocation(size, alignment);
 }
+// The nothrow forms too, so that nothing the toolchain's own operator new
+// allocated is handed to free.
+void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
+  ++heap_allocations;
+  return std::malloc(std::max<std::size_t>(size, 1));
+}
+void* operator new[](std::size_t size, const std::nothrow_t& tag) noexcept {
+  return operator new(size, tag);
+}
+void operator delete(void* memory, const std::nothrow_t&) noexcept { std::free(memory); }
+void operator delete[](void* memory, const std::nothrow_t&) noexcept { std::free(memory); }
 void operator delete(void* memory) noexcept { std::free(memory); }
 void operator delete[](void* memory) noexcept { std::free(memory); }
 void operator delete(void* memory, std::size_t) noexcept { std::free(memory); }

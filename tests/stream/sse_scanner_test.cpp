@@ -25,12 +25,24 @@ void* counted_allocation(std::size_t size) {
 
 }  // namespace
 
+// Every form that the replaced deletes free, so that nothing allocated by
+// the toolchain's own operator new (the nothrow forms, which the standard
+// library's temporary buffers use) is handed to free.
 void* operator new(std::size_t size) { return counted_allocation(size); }
 void* operator new[](std::size_t size) { return counted_allocation(size); }
+void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
+  ++allocations_on_this_thread;
+  return std::malloc(size == 0 ? 1 : size);
+}
+void* operator new[](std::size_t size, const std::nothrow_t& tag) noexcept {
+  return operator new(size, tag);
+}
 void operator delete(void* memory) noexcept { std::free(memory); }
 void operator delete[](void* memory) noexcept { std::free(memory); }
 void operator delete(void* memory, std::size_t) noexcept { std::free(memory); }
 void operator delete[](void* memory, std::size_t) noexcept { std::free(memory); }
+void operator delete(void* memory, const std::nothrow_t&) noexcept { std::free(memory); }
+void operator delete[](void* memory, const std::nothrow_t&) noexcept { std::free(memory); }
 
 namespace sluice::stream {
 namespace {
@@ -771,6 +783,19 @@ TEST(SseScanner, SteadyStateFeedsDoNotAllocate) {
     EXPECT_EQ(allocated, 0u) << (strip ? "strip" : "no strip");
     EXPECT_EQ(scanner.events(), 3u * 2 + 1000u * 5);
   }
+}
+
+// The standard library's temporary buffers (std::stable_partition, which
+// the upstream pool's idle sweep uses while other tests of this binary run)
+// come from the nothrow operator new and go back through the plain delete
+// replaced above; under AddressSanitizer a mismatched pair is an error.
+TEST(ReplacedAllocation, NothrowNewPairsWithTheReplacedDelete) {
+  const auto before = allocations_on_this_thread;
+  auto* value = new (std::nothrow) int(7);
+  ASSERT_NE(value, nullptr);
+  EXPECT_EQ(*value, 7);
+  EXPECT_EQ(allocations_on_this_thread, before + 1);
+  delete value;
 }
 
 TEST(SseUsageFromJsonBody, ChatCompletion) {
