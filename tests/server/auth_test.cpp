@@ -40,8 +40,6 @@ std::string config_with_keys(const std::string& base_url, const std::string& key
          deployment_yaml("secret", base_url);
 }
 
-Headers bearer(const std::string& key) { return {{"Authorization", "Bearer " + key}}; }
-
 class Auth : public ::testing::Test {
  protected:
   void SetUp() override { upstream_ = start_mock(); }

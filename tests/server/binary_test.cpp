@@ -26,8 +26,6 @@ std::string sluice_binary() {
   return binary.value_or("");
 }
 
-Headers bearer(const std::string& key) { return {{"Authorization", "Bearer " + key}}; }
-
 // Every secret below is distinctive enough that finding it anywhere in the
 // output can only mean it leaked.
 TEST(SluiceBinary, KeyMaterialNeverAppearsInItsLogs) {

@@ -244,7 +244,7 @@ TEST(Cache, HitIsLoggedAndChargesNoTokens) {
       "\nauth:\n  keys:\n    - name: team\n      key: sk-team-secret\n"
       "      tpm: 100000\n" +
       cached_model(upstream->base_url(), "{mode: exact}"));
-  Headers auth = {{"Authorization", "Bearer sk-team-secret"}};
+  Headers auth = bearer("sk-team-secret");
   // One connection: each request is settled and logged before the next is read.
   HttpConnection client(gateway.port());
   auto send = [&] { return client.request("POST", "/v1/chat/completions", question("Hi"), auth); };

@@ -169,11 +169,8 @@ TEST(Observability, AdminKeyProtectsTheAdminListener) {
       deployment_yaml("d1", upstream->base_url()));
   auto port = gateway.gateway().admin_port();
   EXPECT_EQ(http_request(port, "GET", "/metrics").status, 401u);
-  EXPECT_EQ(http_request(port, "GET", "/metrics", "", {{"Authorization", "Bearer wrong"}}).status,
-            401u);
-  EXPECT_EQ(http_request(port, "GET", "/metrics", "", {{"Authorization", "Bearer admin-secret-1"}})
-                .status,
-            200u);
+  EXPECT_EQ(http_request(port, "GET", "/metrics", "", bearer("wrong")).status, 401u);
+  EXPECT_EQ(http_request(port, "GET", "/metrics", "", bearer("admin-secret-1")).status, 200u);
 }
 
 TEST(Observability, ServerTimingOnEveryResponse) {

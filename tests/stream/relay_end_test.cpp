@@ -247,7 +247,7 @@ void expect_budgeted_streams_arrive_as(const CannedUpstream& upstream,
                       "\n      tpm: 100000\n" + gateway_yaml(upstream));
   for (int round = 0; round < 3; ++round) {
     auto response = http_request(gateway.port(), "POST", "/v1/chat/completions",
-                                 chat_body("chat", true), {{"Authorization", "Bearer " + key}});
+                                 chat_body("chat", true), bearer(key));
     ASSERT_EQ(response.status, 200u) << response.body;
     EXPECT_EQ(response.body, expected_body) << "round " << round;
   }

@@ -176,6 +176,8 @@ HttpResponse http_request(std::uint16_t port, const std::string& method, const s
   return connection.request(method, target, body, headers);
 }
 
+Headers bearer(const std::string& key) { return {{"Authorization", "Bearer " + key}}; }
+
 std::vector<std::string> sse_data(const std::string& body) {
   std::vector<std::string> events;
   std::size_t pos = 0;

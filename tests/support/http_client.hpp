@@ -71,6 +71,9 @@ class HttpConnection {
 HttpResponse http_request(std::uint16_t port, const std::string& method, const std::string& target,
                           const std::string& body = {}, const Headers& headers = {});
 
+// An Authorization header carrying `key` as a bearer token.
+Headers bearer(const std::string& key);
+
 // The `data:` payloads of an SSE body, in order.
 std::vector<std::string> sse_data(const std::string& body);
 
