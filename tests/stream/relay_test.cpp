@@ -4,12 +4,7 @@
 // answer), and the broken exchange leaves no descriptor or pool slot behind.
 #include <gtest/gtest.h>
 
-#include <sys/socket.h>
-#include <sys/time.h>
-
-#include <array>
-#include <boost/asio/connect.hpp>
-#include <boost/asio/write.hpp>
+#include <boost/asio/buffer.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <nlohmann/json.hpp>
@@ -181,29 +176,16 @@ class RelayBackpressure : public ::testing::Test {
   HttpResponse request_reading_late(bool stream) {
     namespace net = boost::asio;
     namespace http = boost::beast::http;
-    net::io_context io;
-    net::ip::tcp::socket socket(io);
-    socket.open(net::ip::tcp::v4());
-    socket.set_option(net::socket_base::receive_buffer_size(4096));
-    const timeval read_timeout{10, 0};  // a stalled relay fails the test, not hangs it
-    setsockopt(socket.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &read_timeout, sizeof read_timeout);
-    socket.connect({net::ip::make_address("127.0.0.1"), gateway_->port()});
+    // A stalled relay fails the test at a read's timeout, not hangs it.
+    HttpConnection client(gateway_->port(), 10s, 4096);
     const std::string body = chat_body("chat", stream);
-    const std::string request =
+    client.send_raw(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
         "Content-Type: application/json\r\nConnection: close\r\n"
         "Content-Length: " +
-        std::to_string(body.size()) + "\r\n\r\n" + body;
-    net::write(socket, net::buffer(request));
+        std::to_string(body.size()) + "\r\n\r\n" + body);
     std::this_thread::sleep_for(300ms);
-    std::string received;
-    std::array<char, 65536> piece;
-    for (;;) {
-      boost::system::error_code ec;
-      const auto n = socket.read_some(net::buffer(piece), ec);
-      received.append(piece.data(), n);
-      if (ec) break;
-    }
+    const std::string received = client.read_until_close();
     http::response_parser<http::string_body> parser;
     parser.body_limit(64 * 1024 * 1024);
     parser.eager(true);
@@ -255,7 +237,6 @@ TEST_F(RelayBackpressure, AStreamArrivesWholeAndInOrder) {
 // idle timeout ends that wait. The gateway then drops both sides instead of
 // holding the upstream for as long as the client stays silent.
 TEST(RelayWriteTimeout, AClientThatStopsReadingIsCutAfterTheIdleTimeout) {
-  namespace net = boost::asio;
   mock::Behaviour behaviour;
   // About 30 MB of events: more than the kernel buffers on both hops hold.
   behaviour.tokens = 200000;
@@ -264,32 +245,25 @@ TEST(RelayWriteTimeout, AClientThatStopsReadingIsCutAfterTheIdleTimeout) {
       "models:\n  - name: chat\n    deployments:\n" +
       deployment_yaml("d1", upstream->base_url(),
                       kNoWarmConnections + "        timeouts: {idle: 200ms, total: 60s}\n"));
-  net::io_context io;
-  net::ip::tcp::socket socket(io);
-  socket.open(net::ip::tcp::v4());
-  socket.set_option(net::socket_base::receive_buffer_size(4096));
-  const timeval read_timeout{5, 0};  // a relay that never gives up fails the test, not hangs it
-  setsockopt(socket.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &read_timeout, sizeof read_timeout);
-  socket.connect({net::ip::make_address("127.0.0.1"), gateway.port()});
+  // A relay that never gives up fails the test at a read's timeout.
+  HttpConnection client(gateway.port(), 5s, 4096);
   const std::string body = chat_body("chat", true);
-  const std::string request =
+  client.send_raw(
       "POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
       "Content-Type: application/json\r\nContent-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
-  net::write(socket, net::buffer(request));
+      std::to_string(body.size()) + "\r\n\r\n" + body);
   ASSERT_TRUE(eventually([&] { return upstream->stats().open_connections == 1; }, 2s));
 
   // Far longer than the idle timeout, far shorter than the total one.
   ASSERT_TRUE(eventually([&] { return upstream->stats().open_connections == 0; }, 3s))
       << "the upstream is still held for a client that reads nothing";
+  // Read to the end: the gateway must close the client's connection too.
   std::string received;
-  std::array<char, 65536> piece;
-  boost::system::error_code ec;
-  while (!ec) {
-    const auto n = socket.read_some(net::buffer(piece), ec);
-    received.append(piece.data(), n);
+  try {
+    received = client.read_until_close();
+  } catch (const std::exception& error) {
+    FAIL() << "the client's connection was left open: " << error.what();
   }
-  EXPECT_TRUE(ec == net::error::eof || ec == net::error::connection_reset) << ec.message();
   EXPECT_EQ(received.find("[DONE]"), std::string::npos) << "the stream ended as if complete";
 }
 

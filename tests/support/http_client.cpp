@@ -1,5 +1,10 @@
 #include "support/http_client.hpp"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
@@ -39,9 +44,17 @@ bool HttpResponse::has_header(std::string_view name) const {
   return false;
 }
 
-HttpConnection::HttpConnection(std::uint16_t port, std::chrono::milliseconds timeout)
+HttpConnection::HttpConnection(std::uint16_t port, std::chrono::milliseconds timeout,
+                               int receive_buffer)
     : socket_(context_), timeout_(timeout), piece_(64 * 1024) {
   net::ip::tcp::endpoint endpoint(net::ip::make_address("127.0.0.1"), port);
+  if (receive_buffer > 0) {
+    socket_.open(endpoint.protocol());
+    socket_.set_option(net::socket_base::receive_buffer_size(receive_buffer));
+    const int segment = std::max(256, receive_buffer / 8);
+    if (setsockopt(socket_.native_handle(), IPPROTO_TCP, TCP_MAXSEG, &segment, sizeof segment) != 0)
+      throw std::runtime_error("setsockopt(TCP_MAXSEG) failed");
+  }
   auto ec = run([&](auto handler) {
     socket_.async_connect(endpoint, [handler](error_code e) mutable { handler(e, 0); });
   });

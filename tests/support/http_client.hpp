@@ -31,8 +31,14 @@ struct HttpResponse {
 // of hanging it.
 class HttpConnection {
  public:
+  // A non-zero `receive_buffer` sets the socket's receive buffer before it
+  // connects, which also caps the window the peer may fill, and caps the
+  // segment size below it: loopback's segments (about 64 KiB) would not fit
+  // a small window, and the peer would then send only when its persist
+  // timer probes the window, at intervals that double up to minutes.
   explicit HttpConnection(std::uint16_t port,
-                          std::chrono::milliseconds timeout = std::chrono::seconds(10));
+                          std::chrono::milliseconds timeout = std::chrono::seconds(10),
+                          int receive_buffer = 0);
   ~HttpConnection();
 
   HttpResponse request(const std::string& method, const std::string& target,
