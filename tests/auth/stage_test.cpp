@@ -15,7 +15,7 @@ using namespace std::chrono_literals;
 using testing::HasSubstr;
 using testing::Not;
 
-const TimePoint kStart = TimePoint{} + 1000h;
+const TimePoint kStageStart = TimePoint{} + 1000h;
 
 config::EnvLookup no_env() {
   return [](const std::string&) -> std::optional<std::string> { return std::nullopt; };
@@ -55,7 +55,7 @@ const std::string kKeys =
     "      tpm: 1000\n";
 
 AuthRequest request(std::string_view key, std::uint64_t tokens = 100,
-                    std::string_view model = "gpt-4o-mini", TimePoint now = kStart) {
+                    std::string_view model = "gpt-4o-mini", TimePoint now = kStageStart) {
   return {key, model, tokens, now};
 }
 
@@ -73,7 +73,7 @@ TEST(AuthStage, DisabledLetsEverythingThrough) {
   std::string headers;
   admission.append_headers(headers);
   EXPECT_EQ(headers, "");
-  stage.complete(admission, 10, kStart);
+  stage.complete(admission, 10, kStageStart);
 }
 
 TEST(AuthStage, NoAuthSectionMeansDisabled) {
@@ -153,10 +153,10 @@ TEST(AuthStage, MaxParallelIs429UntilCompleteReleasesTheSlot) {
   EXPECT_EQ(second.retry_after, 1s);
   EXPECT_EQ(in_flight(stage, "one-at-a-time"), 1u);
 
-  stage.complete(first, 120, kStart + 1s);
+  stage.complete(first, 120, kStageStart + 1s);
   EXPECT_EQ(in_flight(stage, "one-at-a-time"), 0u);
   // Exactly once: a second complete() must not free a slot it no longer holds.
-  stage.complete(first, 120, kStart + 1s);
+  stage.complete(first, 120, kStageStart + 1s);
   EXPECT_EQ(in_flight(stage, "one-at-a-time"), 0u);
 
   Admission third = stage.admit(request("sk-one-at-a-time"));
@@ -186,7 +186,7 @@ TEST(AuthStage, RpmIs429AndGivesTheParallelSlotBack) {
   EXPECT_EQ(in_flight(stage, "two-per-minute"), 2u);
 
   EXPECT_TRUE(
-      stage.admit(request("sk-two-per-minute", 100, "gpt-4o-mini", kStart + 30s)).allowed());
+      stage.admit(request("sk-two-per-minute", 100, "gpt-4o-mini", kStageStart + 30s)).allowed());
 }
 
 TEST(AuthStage, TpmIs429AndUndoesTheRpmAndParallelTakes) {
@@ -196,7 +196,7 @@ TEST(AuthStage, TpmIs429AndUndoesTheRpmAndParallelTakes) {
   ASSERT_TRUE(big.allowed());
   EXPECT_EQ(big.headers.tokens.remaining, 0u);
   KeyLimits* limits = stage.limiters().find("thousand-tokens");
-  EXPECT_EQ(limits->requests.remaining(kStart), 599u);
+  EXPECT_EQ(limits->requests.remaining(kStageStart), 599u);
 
   Admission denied = stage.admit(request("sk-thousand-tokens", 10));
   ASSERT_FALSE(denied.allowed());
@@ -206,7 +206,7 @@ TEST(AuthStage, TpmIs429AndUndoesTheRpmAndParallelTakes) {
   EXPECT_THAT(denied.error->message, HasSubstr("tpm"));
   EXPECT_THAT(denied.error->message, HasSubstr("'thousand-tokens'"));
   EXPECT_EQ(denied.retry_after, 1s);
-  EXPECT_EQ(limits->requests.remaining(kStart), 599u);
+  EXPECT_EQ(limits->requests.remaining(kStageStart), 599u);
   EXPECT_EQ(in_flight(stage, "thousand-tokens"), 1u);
   EXPECT_EQ(denied.headers.requests.remaining, 599u);
   EXPECT_EQ(denied.headers.tokens.remaining, 0u);
@@ -219,13 +219,13 @@ TEST(AuthStage, CompleteSettlesTokensAgainstTheRealCount) {
 
   Admission admission = stage.admit(request("sk-thousand-tokens", 500));
   ASSERT_TRUE(admission.allowed());
-  EXPECT_EQ(limits->tokens.remaining(kStart), 500u);
-  stage.complete(admission, 100, kStart);
-  EXPECT_EQ(limits->tokens.remaining(kStart), 900u);
+  EXPECT_EQ(limits->tokens.remaining(kStageStart), 500u);
+  stage.complete(admission, 100, kStageStart);
+  EXPECT_EQ(limits->tokens.remaining(kStageStart), 900u);
 
   Admission unknown_usage = stage.admit(request("sk-thousand-tokens", 300));
-  stage.complete(unknown_usage, std::nullopt, kStart);
-  EXPECT_EQ(limits->tokens.remaining(kStart), 600u);
+  stage.complete(unknown_usage, std::nullopt, kStageStart);
+  EXPECT_EQ(limits->tokens.remaining(kStageStart), 600u);
   EXPECT_EQ(in_flight(stage, "thousand-tokens"), 0u);
 }
 
@@ -255,13 +255,13 @@ TEST(AuthStage, MovingAnAdmissionMovesItsTicket) {
   AuthStage stage(*config, nullptr);
   Admission original = stage.admit(request("sk-one-at-a-time"));
   Admission moved = std::move(original);
-  stage.complete(original, 1, kStart);  // NOLINT(bugprone-use-after-move): a no-op on purpose
+  stage.complete(original, 1, kStageStart);  // NOLINT(bugprone-use-after-move): a no-op on purpose
   EXPECT_EQ(in_flight(stage, "one-at-a-time"), 1u);
 
   Admission other;
   other = std::move(moved);
   EXPECT_EQ(in_flight(stage, "one-at-a-time"), 1u);
-  stage.complete(other, 1, kStart);
+  stage.complete(other, 1, kStageStart);
   EXPECT_EQ(in_flight(stage, "one-at-a-time"), 0u);
 
   // Assigning over a live ticket gives its slot back.
@@ -326,7 +326,7 @@ TEST(RateHeaders, DeniedRequestAddsRetryAfter) {
   auto config = load("auth:\n  keys:\n    - {name: k, key: sk-header-key, rpm: 1}\n");
   AuthStage stage(*config, nullptr);
   ASSERT_TRUE(stage.admit(request("sk-header-key")).allowed());
-  Admission denied = stage.admit(request("sk-header-key", 100, "gpt-4o", kStart + 20500ms));
+  Admission denied = stage.admit(request("sk-header-key", 100, "gpt-4o", kStageStart + 20500ms));
   ASSERT_FALSE(denied.allowed());
   std::string out;
   denied.append_headers(out);

@@ -2,14 +2,13 @@
 
 #include <chrono>
 
+#include "router/router_fixtures.hpp"
 #include "sluice/router/deployment_state.hpp"
 
 namespace sluice::router {
 namespace {
 
 using namespace std::chrono_literals;
-
-const TimePoint kBase = Clock::now();
 
 config::Cooldown policy(unsigned fails, config::Duration within, config::Duration duration) {
   config::Cooldown cooldown;

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "router/router_fixtures.hpp"
 #include "sluice/router/deployment_state.hpp"
 
 namespace sluice::router {
@@ -15,8 +16,6 @@ namespace {
 using namespace std::chrono_literals;
 using std::chrono::microseconds;
 using std::chrono::milliseconds;
-
-const TimePoint kBase = Clock::now();
 
 TEST(LatencyWindow, EmptyWindowHasNoSamples) {
   LatencyWindow window(8);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "router/router_fixtures.hpp"
 #include "sluice/router/router.hpp"
 
 namespace sluice::router {
@@ -13,8 +14,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using std::chrono::milliseconds;
-
-const TimePoint kBase = Clock::now();
 
 config::Model model(std::string name, config::Strategy strategy,
                     std::initializer_list<const char*> ids) {
@@ -29,15 +28,6 @@ config::Model model(std::string name, config::Strategy strategy,
     m.deployments.push_back(std::move(d));
   }
   return m;
-}
-
-std::shared_ptr<config::Config> make_config(std::vector<config::Model> models,
-                                            config::Router policy = {}) {
-  auto cfg = std::make_shared<config::Config>();
-  cfg->router = policy;
-  cfg->models = std::move(models);
-  for (std::size_t i = 0; i < cfg->models.size(); ++i) cfg->model_index[cfg->models[i].name] = i;
-  return cfg;
 }
 
 AttemptResult retriable(bool timed_out = false, std::optional<Millis> retry_after = {}) {

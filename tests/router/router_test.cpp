@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "router/router_fixtures.hpp"
 #include "sluice/router/router.hpp"
 
 namespace sluice::router {
@@ -14,8 +15,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using std::chrono::milliseconds;
-
-const TimePoint kBase = Clock::now();
 
 config::Deployment deployment(std::string id) {
   config::Deployment d;
@@ -32,15 +31,6 @@ config::Model model(std::string name, config::Strategy strategy,
   m.strategy = strategy;
   m.deployments = std::move(deployments);
   return m;
-}
-
-std::shared_ptr<config::Config> make_config(std::vector<config::Model> models,
-                                            config::Router policy = {}) {
-  auto cfg = std::make_shared<config::Config>();
-  cfg->router = policy;
-  cfg->models = std::move(models);
-  for (std::size_t i = 0; i < cfg->models.size(); ++i) cfg->model_index[cfg->models[i].name] = i;
-  return cfg;
 }
 
 // A router over one model named "m" with the given deployments.
