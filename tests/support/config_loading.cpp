@@ -39,9 +39,8 @@ void expect_error(const std::string& yaml, const std::string& path, int line,
   EXPECT_THAT(message, ::testing::HasSubstr(fragment)) << message;
 }
 
-// tests/support/<this file> -> repository root.
-std::filesystem::path repository_root() {
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
-}
+// Given by the build: __FILE__ is relative to the checkout when ccache
+// compiles with a base directory.
+std::filesystem::path repository_root() { return SLUICE_SOURCE_DIR; }
 
 }  // namespace sluice::config
