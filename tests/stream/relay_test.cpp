@@ -178,12 +178,8 @@ class RelayBackpressure : public ::testing::Test {
     namespace http = boost::beast::http;
     // A stalled relay fails the test at a read's timeout, not hangs it.
     HttpConnection client(gateway_->port(), 10s, 4096);
-    const std::string body = chat_body("chat", stream);
-    client.send_raw(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
-        "Content-Type: application/json\r\nConnection: close\r\n"
-        "Content-Length: " +
-        std::to_string(body.size()) + "\r\n\r\n" + body);
+    client.send("POST", "/v1/chat/completions", chat_body("chat", stream),
+                {{"Connection", "close"}});
     std::this_thread::sleep_for(300ms);
     const std::string received = client.read_until_close();
     http::response_parser<http::string_body> parser;
@@ -247,11 +243,7 @@ TEST(RelayWriteTimeout, AClientThatStopsReadingIsCutAfterTheIdleTimeout) {
                       kNoWarmConnections + "        timeouts: {idle: 200ms, total: 60s}\n"));
   // A relay that never gives up fails the test at a read's timeout.
   HttpConnection client(gateway.port(), 5s, 4096);
-  const std::string body = chat_body("chat", true);
-  client.send_raw(
-      "POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
-      "Content-Type: application/json\r\nContent-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body);
+  client.send("POST", "/v1/chat/completions", chat_body("chat", true));
   ASSERT_TRUE(eventually([&] { return upstream->stats().open_connections == 1; }, 2s));
 
   // Far longer than the idle timeout, far shorter than the total one.
