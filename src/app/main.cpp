@@ -155,7 +155,8 @@ int main(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       return 0;
     } else if (arg == "--version") {
-      std::printf("sluice %s\nbuild: %s\nallocator: %s\n", sluice::kVersion, SLUICE_BUILD_KIND,
+      std::printf("sluice %s\nbuild: %s\nlink-time optimisation: %s\nallocator: %s\n",
+                  sluice::kVersion, SLUICE_BUILD_KIND, SLUICE_LINK_TIME_OPTIMISED,
                   allocator_in_use().c_str());
       return 0;
     } else if (arg == "--check-config") {
