@@ -120,8 +120,8 @@ TEST(SluiceBinary, SighupReloadsAndSigtermDrainsStreamsThenExitsZero) {
   slow_stream.tokens = 10;
   auto upstream = start_mock(slow_stream);
   auto config_text = [&](const std::string& model) {
-    return "server:\n  listen: 127.0.0.1:0\n  admin_listen: off\n  threads: 2\n  drain_timeout: "
-           "5s\n"
+    return "server:\n  listen: 127.0.0.1:0\n  admin_listen: off\n  threads: 2\n"
+           "  drain_timeout: 5s\n"
            "log:\n  access_log: off\nauth:\n  disabled: true\n"
            "models:\n  - name: " +
            model + "\n    deployments:\n" + deployment_yaml("d1", upstream->base_url());

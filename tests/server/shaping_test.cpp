@@ -132,8 +132,8 @@ TEST(Shaping, StreamsAndTheUsageRequestStillWork) {
   TestGateway gateway(std::string("auth:\n  keys:\n    - name: team\n      key: ") + kKey +
                       "\n      tpm: 100000\nmodels:\n  - name: chat\n" + kShapedModel +
                       "    deployments:\n" + deployment_yaml("d1", upstream->base_url()));
-  auto response = post(gateway.port(), chat_request("chat", conversation(3), {{"stream", true}}),
-                       {{"Authorization", std::string("Bearer ") + kKey}});
+  auto response =
+      post(gateway.port(), chat_request("chat", conversation(3), {{"stream", true}}), bearer(kKey));
   ASSERT_EQ(response.status, 200u) << response.body;
   EXPECT_EQ(response.header("x-sluice-shaped"), "trimmed,max_tokens,reasoning_effort");
   auto events = sse_data(response.body);
@@ -155,7 +155,7 @@ TEST(Shaping, TheKeysTokenEstimateIsTakenFromTheShapedBody) {
                       deployment_yaml("d1", upstream->base_url()) +
                       "  - name: uncapped\n    deployments:\n" +
                       deployment_yaml("d2", upstream->base_url()));
-  const Headers auth = {{"Authorization", std::string("Bearer ") + kKey}};
+  const Headers auth = bearer(kKey);
   // Asking for 50,000 tokens, capped to 100 before the key is charged: the
   // reservation leaves most of the 2,000-token budget.
   auto capped =
@@ -268,7 +268,7 @@ TEST_F(RuleRouting, TheTargetsShapingAppliesAfterTheRoutingModelsOwn) {
 TEST_F(RuleRouting, TheKeyIsCheckedAgainstThePublicName) {
   TestGateway gateway(config(std::string("auth:\n  keys:\n    - name: team\n      key: ") + kKey +
                              "\n      models: [auto]\n"));
-  const Headers auth = {{"Authorization", std::string("Bearer ") + kKey}};
+  const Headers auth = bearer(kKey);
   auto routed = post(gateway.port(), chat_request("auto", user("Hi")), auth);
   ASSERT_EQ(routed.status, 200u) << routed.body;
   EXPECT_EQ(routed.header("x-sluice-model"), "chat-mini");
