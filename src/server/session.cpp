@@ -115,6 +115,9 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
 
   // Whether the client ended the connection between requests.
   bool client_left = false;
+  // Whether the client asked for the connection to end with its last answer
+  // and sent nothing after that request.
+  bool client_asked_to_close = false;
   for (bool first = true;; first = false) {
     auto snapshot = worker.snapshot();
     const auto& limits = snapshot->config->server;
@@ -186,14 +189,19 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     context.body_read = Clock::now();
 
     bool keep_alive = co_await Pipeline::handle(context);
-    if (!keep_alive) break;
+    if (!keep_alive) {
+      client_asked_to_close = !request.keep_alive() && buffer.size() == 0;
+      break;
+    }
   }
 
   worker.untrack(&tracked);
   watch.cancel();
-  if (client_left) {
-    // Nothing more can come that would turn the close into a reset: no
-    // half-close and draining first (two system calls per connection).
+  if (client_left || client_asked_to_close) {
+    // Nothing more can come that would turn the close into a reset (a client
+    // that sent "Connection: close" sends no further request): no half-close
+    // and draining first, which would hold the connection until the client's
+    // own close and cost a wake-up and two system calls.
     client.close();
   } else {
     co_await close_gracefully(client);

@@ -1,6 +1,7 @@
 // One client connection carrying many requests: requests sent before the
 // last answer ended (pipelined, or sent while a stream is still relayed),
-// the idle timeout between requests, and a client that leaves between two.
+// the idle timeout between requests, a client that leaves between two, and
+// one that asks for the connection to end with its answer.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -141,6 +142,29 @@ TEST(KeepAlive, ClientLeavingBetweenRequestsLeavesNothingOpen) {
   }
   EXPECT_EQ(upstream->stats().requests, 20u);
   EXPECT_EQ(upstream->stats().streams_cancelled, 0u);
+  EXPECT_TRUE(leaks.settled());
+}
+
+// "Connection: close" ends the connection with the answer: the gateway
+// closes at once rather than waiting for the client's own close, so the
+// connection stops counting against server.max_connections while the client
+// still holds its end.
+TEST(KeepAlive, AClientThatAskedToCloseIsLetGoWithItsAnswer) {
+  auto upstream = start_mock(streaming(1ms, 3));
+  TestGateway gateway(one_model(upstream->base_url()));
+  LeakCheck leaks(gateway);
+  auto& open_connections = gateway.gateway().open_connections();
+  for (bool stream : {false, true}) {
+    HttpConnection client(gateway.port(), 3s);
+    auto response = client.request("POST", "/v1/chat/completions", chat_body("chat", stream),
+                                   {{"Connection", "close"}});
+    EXPECT_EQ(response.status, 200u);
+    expect_complete_answer(response.body, stream, 3);
+    EXPECT_TRUE(client.closed_by_peer());
+    // Well within the second a lingering close would wait for the client.
+    EXPECT_TRUE(eventually([&] { return open_connections.load() == 0; }, 400ms))
+        << "stream: " << stream << ", open: " << open_connections.load();
+  }
   EXPECT_TRUE(leaks.settled());
 }
 
