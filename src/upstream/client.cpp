@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/buffer.hpp>
-#include <boost/asio/ip/address.hpp>
 #include <boost/asio/ssl/host_name_verification.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/http/read.hpp>
+#include <span>
 
 #include "sluice/common/drain_aware_read.hpp"
 #include "sluice/common/eager_write.hpp"
@@ -237,12 +237,22 @@ net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* dat
 net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::connect(
     const Origin& origin, const Limits& limits, AbortHandle& abort_handle, Timing& timing) {
   auto connect_deadline = std::min(Clock::now() + limits.connect, limits.deadline);
-  auto endpoints = co_await deps_.dns.resolve(origin.host, origin.port, connect_deadline);
-  if (abort_handle.aborted()) co_return UpstreamError{Failure::aborted, {}};
-  if (!endpoints) {
-    auto failure =
-        endpoints.error() == net::error::timed_out ? Failure::connect_timeout : Failure::dns;
-    co_return UpstreamError{failure, endpoints.error()};
+  // An address in the URL is the endpoint itself: no lookup, not even the
+  // cache's.
+  Endpoints resolved;
+  std::span<const net::ip::tcp::endpoint> endpoints;
+  if (origin.address) {
+    endpoints = std::span(&*origin.address, 1);
+  } else {
+    auto lookup = co_await deps_.dns.resolve(origin.host, origin.port, connect_deadline);
+    if (abort_handle.aborted()) co_return UpstreamError{Failure::aborted, {}};
+    if (!lookup) {
+      auto failure =
+          lookup.error() == net::error::timed_out ? Failure::connect_timeout : Failure::dns;
+      co_return UpstreamError{failure, lookup.error()};
+    }
+    resolved = std::move(lookup.value());
+    endpoints = resolved;
   }
 
   auto executor = co_await net::this_coro::executor;
@@ -258,8 +268,10 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
   abort_handle.connection_ = connection.get();
 
   auto& tcp = connection->tcp();
-  tcp.expires_at(connect_deadline);
-  auto [connect_ec, endpoint] = co_await tcp.async_connect(*endpoints, as_tuple(use_awaitable));
+  connection->read_deadline().expires_at(connect_deadline);
+  auto connect_ec =
+      co_await connect_relay_socket(tcp.socket(), endpoints, connection->read_deadline());
+  connection->read_deadline().expires_never();
   if (connect_ec) {
     abort_handle.connection_ = nullptr;
     if (abort_handle.aborted()) co_return UpstreamError{Failure::aborted, connect_ec};
@@ -267,18 +279,15 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
         connect_ec == beast::error::timeout ? Failure::connect_timeout : Failure::connect;
     co_return UpstreamError{failure, connect_ec};
   }
-  // A stream's reads then wait for the next event without first finding
-  // the socket empty: one system call fewer per relayed event.
-  prepare_connected_relay_socket(tcp.socket());
   timing.connected = Clock::now();
 
   if (auto* tls = connection->tls_stream()) {
-    error_code not_ip;
-    net::ip::make_address(origin.host, not_ip);
-    if (not_ip) SSL_set_tlsext_host_name(tls->native_handle(), origin.host.c_str());
+    if (!origin.address) SSL_set_tlsext_host_name(tls->native_handle(), origin.host.c_str());
     if (origin.tls_verify) tls->set_verify_callback(net::ssl::host_name_verification(origin.host));
+    tcp.expires_at(connect_deadline);
     auto [tls_ec] =
         co_await tls->async_handshake(net::ssl::stream_base::client, as_tuple(use_awaitable));
+    tcp.expires_never();
     if (tls_ec) {
       abort_handle.connection_ = nullptr;
       connection->close();
@@ -288,7 +297,6 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
     }
   }
   timing.secured = Clock::now();
-  tcp.expires_never();
   deps_.pool.note_opened();
   co_return std::move(connection);
 }

@@ -16,6 +16,7 @@ Connection::Connection(executor_type executor, std::string origin_key,
                        boost::asio::ssl::context& tls)
     : origin_key_(std::move(origin_key)) {
   tls_.emplace(boost::beast::tcp_stream(std::move(executor)), tls);
+  read_deadline_.emplace(tls_->next_layer().socket());
 }
 
 void Connection::trim_read_buffer() {

@@ -1,5 +1,7 @@
 #include "sluice/upstream/origin.hpp"
 
+#include <boost/asio/ip/address.hpp>
+
 namespace sluice::upstream {
 
 namespace {
@@ -32,6 +34,9 @@ Origin Origin::from(const config::Deployment& deployment) {
   origin.tls = url.tls();
   origin.tls_verify = deployment.tls_verify;
   origin.ca_file = deployment.ca_file;
+  boost::system::error_code not_an_address;
+  auto address = boost::asio::ip::make_address(origin.host, not_an_address);
+  if (!not_an_address) origin.address.emplace(address, origin.port);
   origin.key_ = pool_key(origin);
   origin.host_header_ = host_header_value(origin);
   return origin;

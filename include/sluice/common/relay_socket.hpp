@@ -1,9 +1,12 @@
 #pragma once
 
+#include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <span>
 
 #include "sluice/common/drain_aware_read.hpp"
 #include "sluice/common/errors.hpp"
+#include "sluice/common/socket_deadline.hpp"
 
 namespace sluice {
 
@@ -26,8 +29,8 @@ inline void prepare_relay_listener(boost::asio::ip::tcp::acceptor& listener) {
 }
 
 // Tells Asio that `socket`'s descriptor is non-blocking already -- accepted
-// with SOCK_NONBLOCK, or connected by Asio, which made it so -- without the
-// ioctl that non_blocking(true) makes.
+// or opened with SOCK_NONBLOCK -- without the ioctl that non_blocking(true)
+// makes.
 inline void take_as_non_blocking(boost::asio::ip::tcp::socket& socket) {
 #if SLUICE_HAS_DRAIN_AWARE_READ
   namespace socket_ops = boost::asio::detail::socket_ops;
@@ -60,12 +63,16 @@ inline void prepare_accepted_relay_socket(boost::asio::ip::tcp::socket& socket) 
   take_as_sole_descriptor(socket);
 }
 
-// A connection Asio opened and connected.
-inline void prepare_connected_relay_socket(boost::asio::ip::tcp::socket& socket) {
-  error_code ignored;
-  socket.set_option(boost::asio::ip::tcp::no_delay(true), ignored);
-  take_as_non_blocking(socket);
-  enable_drain_tracking(socket);
-}
+// Opens `socket` and connects it to the first of `endpoints` that accepts,
+// as a relay socket: the descriptor is made non-blocking, without Nagle's
+// delay and with TCP_INQ, by socket() and setsockopt before the connect.
+// Asio's own connect would add an ioctl to make it non-blocking and a poll
+// before it asks for the connect's outcome. `deadline` bounds the whole
+// (a timeout comes back as beast's error::timeout); an endpoint that
+// refuses is given up for the next one. On failure the socket is closed and
+// the last endpoint's error returned.
+boost::asio::awaitable<error_code> connect_relay_socket(
+    boost::asio::ip::tcp::socket& socket, std::span<const boost::asio::ip::tcp::endpoint> endpoints,
+    SocketDeadline& deadline);
 
 }  // namespace sluice

@@ -54,8 +54,8 @@ class Connection {
   }
   // The socket bytes go to as they are, or null for TLS.
   boost::asio::ip::tcp::socket* plain_socket() { return plain_ ? &plain_->socket() : nullptr; }
-  // The deadline of reads made on plain_socket() directly (TLS reads go
-  // through the stream and its expiry).
+  // The deadline of the connect, and of reads made on plain_socket()
+  // directly (TLS reads go through the stream and its expiry).
   SocketDeadline& read_deadline() { return *read_deadline_; }
   boost::beast::flat_buffer& read_buffer() { return read_buffer_; }
   // Lets go of a read buffer that a large body grew, so that a connection

@@ -1,6 +1,8 @@
 #pragma once
 
+#include <boost/asio/ip/tcp.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "sluice/config/config.hpp"
@@ -15,6 +17,8 @@ struct Origin {
   bool tls = false;
   bool tls_verify = true;
   std::string ca_file;
+  // The endpoint itself when the host is an IP address.
+  std::optional<boost::asio::ip::tcp::endpoint> address;
 
   // "https://host:port" plus the trust settings, unique per pool.
   const std::string& key() const { return key_; }
