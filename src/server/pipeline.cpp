@@ -145,8 +145,7 @@ net::awaitable<bool> write_response(RequestContext& context, unsigned status,
   bool head_only = context.request.method() == http::verb::head;
   std::array<net::const_buffer, 2> wire = {net::buffer(head),
                                            net::buffer(head_only ? std::string_view() : body)};
-  context.client.expires_after(30s);
-  auto [ec, n] = co_await write_eagerly(context.client, &context.client.socket(), wire);
+  auto [ec, n] = co_await write_eagerly(context.client, context.client_deadline, 30s, wire);
   co_return !ec && context.keep_alive;
 }
 
@@ -556,7 +555,8 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ProxyInputs& in
   context.timing_sent = true;
 
   watch.watch(&winner.abort_handle);
-  stream::Relay relay(context.client, context.relay_buffers, deployment.timeouts.idle);
+  stream::Relay relay(context.client, context.client_deadline, context.relay_buffers,
+                      deployment.timeouts.idle);
   stream::RelayOptions relay_options;
   relay_options.strip_usage_only_chunks = inputs.strip_usage_only_chunks;
   relay_options.gaps = &context.gaps;

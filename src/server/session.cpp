@@ -5,11 +5,11 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/status.hpp>
 #include <optional>
 
+#include "sluice/common/eager_write.hpp"
 #include "sluice/common/errors.hpp"
 #include "sluice/common/http_read.hpp"
 #include "sluice/common/relay_socket.hpp"
@@ -59,58 +59,59 @@ std::optional<ApiError> read_error_response(const error_code& ec, const config::
 }
 
 // Answers before any request has been parsed (no RequestContext yet).
-net::awaitable<void> write_plain_error(beast::tcp_stream& client, const ApiError& error) {
+net::awaitable<void> write_plain_error(net::ip::tcp::socket& client, SocketDeadline& deadline,
+                                       const ApiError& error) {
   std::string body = error.to_json();
   std::string response =
       "HTTP/1.1 " + std::to_string(error.status) + " " +
       std::string(http::obsolete_reason(static_cast<http::status>(error.status))) +
       "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
       "\r\nConnection: close\r\n\r\n" + body;
-  client.expires_after(std::chrono::seconds(5));
-  co_await net::async_write(client, net::buffer(response), as_tuple(use_awaitable));
+  co_await write_eagerly(client, deadline, std::chrono::seconds(5), net::buffer(response));
 }
 
 // Answers a request that could not be read, unless the client just left or
 // stalled. A coroutine of its own: the connection's frame lives as long as
 // the connection, and should not carry the error's slots.
-net::awaitable<void> answer_unreadable(beast::tcp_stream& client, const error_code& ec,
-                                       const config::Server& limits) {
-  if (auto error = read_error_response(ec, limits)) co_await write_plain_error(client, *error);
+net::awaitable<void> answer_unreadable(net::ip::tcp::socket& client, SocketDeadline& deadline,
+                                       const error_code& ec, const config::Server& limits) {
+  if (auto error = read_error_response(ec, limits)) {
+    co_await write_plain_error(client, deadline, *error);
+  }
 }
 
 // Closing right after an error answer while the client is still sending
 // would make the kernel reset the connection and discard the answer: send
 // FIN, then read and drop what is still coming for a short while.
-net::awaitable<void> close_gracefully(beast::tcp_stream& client) {
+net::awaitable<void> close_gracefully(net::ip::tcp::socket& client, SocketDeadline& deadline) {
   error_code ignored;
-  client.socket().shutdown(net::ip::tcp::socket::shutdown_send, ignored);
-  client.expires_after(std::chrono::seconds(1));
+  client.shutdown(net::ip::tcp::socket::shutdown_send, ignored);
+  deadline.expires_after(std::chrono::seconds(1));
   std::array<char, 4096> sink;
   for (std::size_t drained = 0; drained < std::size_t{1024} * 1024;) {
     auto [ec, n] = co_await client.async_read_some(net::buffer(sink), as_tuple(use_awaitable));
     if (ec) break;
     drained += n;
   }
-  client.close();
+  client.close(ignored);
 }
 
 }  // namespace
 
-net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socket) {
+net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket client) {
   auto& gateway = worker.gateway();
   // The next read after a request (most often the watch's, started before
   // the client could send more) then waits for readiness without trying.
-  prepare_accepted_relay_socket(socket);
-  beast::tcp_stream client(std::move(socket));
+  prepare_accepted_relay_socket(client);
   beast::flat_buffer buffer;
   // The read buffer is small to start with: a held stream's events are
   // small. The relay grows it for a body that arrives in bulk.
   stream::Relay::Buffers relay_buffers;
-  // The request reads' deadline; the stream's own expiry serves its writes.
-  SocketDeadline read_deadline(client.socket());
-  stream::ClientWatch watch(client.socket(), buffer);
+  // The deadline of the request reads, and of any write that has to wait.
+  SocketDeadline deadline(client);
+  stream::ClientWatch watch(client, buffer);
   auth::KeyMemo key_memo;
-  ClientConnection tracked{&client.socket()};
+  ClientConnection tracked{&client};
   worker.track(&tracked);
 
   // Whether the client ended the connection between requests.
@@ -126,9 +127,8 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     request.body_limit(limits.max_body_bytes);
 
     auto head_started = Clock::now();
-    read_deadline.expires_at(head_started + (first || buffer.size() > 0
-                                                 ? limits.header_timeout
-                                                 : limits.keepalive_timeout));
+    deadline.expires_at(head_started + (first || buffer.size() > 0 ? limits.header_timeout
+                                                                   : limits.keepalive_timeout));
     tracked.idle = buffer.size() == 0;
     if (tracked.idle && gateway.draining()) break;
     // The watch of the last request may still be reading what comes next.
@@ -144,46 +144,44 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     } else {
       head_ec = watch.take_read_result();
     }
-    head_ec = read_deadline.translate(head_ec);
+    head_ec = deadline.translate(head_ec);
     if (head_ec == net::error::eof) head_ec = http::error::end_of_stream;
     if (!head_ec) {
       auto settled = parse_buffered(buffer, request, false);
-      if (!settled)
-        settled = co_await read_http(client.socket(), buffer, request, false, read_deadline);
+      if (!settled) settled = co_await read_http(client, buffer, request, false, deadline);
       head_ec = *settled;
     }
     tracked.idle = false;
     if (head_ec) {
       client_left = head_ec == http::error::end_of_stream;
-      co_await answer_unreadable(client, head_ec, limits);
+      co_await answer_unreadable(client, deadline, head_ec, limits);
       break;
     }
 
     if (!request.is_done()) {
       auto expect = request["expect"];
       if (expect.size() == 12 && beast::iequals(expect, "100-continue")) {
-        client.expires_after(limits.body_timeout);
-        co_await net::async_write(client, net::buffer("HTTP/1.1 100 Continue\r\n\r\n", 25),
-                                  as_tuple(use_awaitable));
+        co_await write_eagerly(client, deadline, limits.body_timeout,
+                               net::buffer("HTTP/1.1 100 Continue\r\n\r\n", 25));
       }
       auto body_ec = parse_buffered(buffer, request, true);
       if (!body_ec) {
-        read_deadline.expires_after(limits.body_timeout);
-        body_ec = co_await read_http(client.socket(), buffer, request, true, read_deadline);
+        deadline.expires_after(limits.body_timeout);
+        body_ec = co_await read_http(client, buffer, request, true, deadline);
       }
       if (*body_ec) {
-        co_await answer_unreadable(client, *body_ec, limits);
+        co_await answer_unreadable(client, deadline, *body_ec, limits);
         break;
       }
     }
-    read_deadline.expires_never();
+    deadline.expires_never();
     // A large body grew the buffer; the connection keeps no more than a
     // head's worth while it waits for its next request.
     if (!watch.reading()) release_grown_buffer(buffer);
 
-    RequestContext context{
-        worker,        snapshot, request,  client,
-        relay_buffers, watch,    key_memo, request.keep_alive() && !gateway.draining()};
+    RequestContext context{worker, snapshot, request,
+                           client, deadline, relay_buffers,
+                           watch,  key_memo, request.keep_alive() && !gateway.draining()};
     context.request_id = request_id_for(request, worker);
     context.head_started = head_started;
     context.body_read = Clock::now();
@@ -202,18 +200,20 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket socke
     // that sent "Connection: close" sends no further request): no half-close
     // and draining first, which would hold the connection until the client's
     // own close and cost a wake-up and two system calls.
-    client.close();
+    error_code ignored;
+    client.close(ignored);
   } else {
-    co_await close_gracefully(client);
+    co_await close_gracefully(client, deadline);
   }
   gateway.open_connections().fetch_sub(1, std::memory_order_relaxed);
 }
 
-net::awaitable<void> refuse_connection(net::ip::tcp::socket socket) {
-  beast::tcp_stream client(std::move(socket));
+net::awaitable<void> refuse_connection(net::ip::tcp::socket client) {
+  SocketDeadline deadline(client);
   co_await write_plain_error(
-      client, ApiError::overloaded("The gateway is at its connection limit; retry shortly."));
-  co_await close_gracefully(client);
+      client, deadline,
+      ApiError::overloaded("The gateway is at its connection limit; retry shortly."));
+  co_await close_gracefully(client, deadline);
 }
 
 }  // namespace sluice::server

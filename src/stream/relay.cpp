@@ -177,7 +177,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     }
     if (last && chunked) wire.push_back(net::buffer(kLastChunk));
     if (wire.empty()) return true;
-    progress = sluice::write_now(&client_.socket(), wire);
+    progress = sluice::write_now(&client_, wire);
     if (head_pending) outcome.first_write = Clock::now();
     head_pending = false;
     outcome.nothing_sent = false;
@@ -188,8 +188,8 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
   auto write_rest = [&]() -> net::awaitable<bool> {
     // The write timeout only guards a wait, so the clock is read only here
     // and not for every write the socket takes at once.
-    client_.expires_after(write_timeout_);
-    progress = co_await sluice::write_rest(client_, buffers_.wire, progress);
+    progress = co_await sluice::write_rest_within(client_, client_deadline_, write_timeout_,
+                                                  buffers_.wire, progress);
     co_return settle();
   };
   auto write_one = [&](std::string_view data, bool last) {

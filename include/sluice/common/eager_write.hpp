@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "sluice/common/errors.hpp"
+#include "sluice/common/socket_deadline.hpp"
 
 namespace sluice {
 
@@ -19,7 +20,8 @@ namespace sluice {
 // request) then costs one system call: an Asio operation that completes at
 // once still goes through the event loop, and a Beast stream with an expiry
 // sets and cancels its timer, each a further trip. What the socket does not
-// take is written asynchronously under the stream's expiry.
+// take is written asynchronously: under the stream's expiry, or under a
+// SocketDeadline set for that wait only.
 //
 // The two halves are separate so that a hot path can make the first a plain
 // call and await the second only when it is needed: awaiting a coroutine
@@ -62,12 +64,31 @@ boost::asio::awaitable<WriteProgress> write_rest(Stream& stream, const ConstBuff
   co_return WriteProgress{ec, progress.written + more, true};
 }
 
+// Writes what write_now left of `buffers` to `socket`, giving up after
+// `limit` (beast's error::timeout). `deadline` is `socket`'s and has no
+// other wait armed; it is disarmed again after the write.
+template <class ConstBuffers>
+boost::asio::awaitable<WriteProgress> write_rest_within(boost::asio::ip::tcp::socket& socket,
+                                                        SocketDeadline& deadline,
+                                                        Clock::duration limit,
+                                                        const ConstBuffers& buffers,
+                                                        WriteProgress progress) {
+  deadline.expires_after(limit);
+  progress = co_await write_rest(socket, buffers, progress);
+  progress.ec = deadline.translate(progress.ec);
+  deadline.expires_never();
+  co_return progress;
+}
+
 // Both halves, where a frame more does not matter.
-template <class Stream, class ConstBuffers>
+template <class ConstBuffers>
 boost::asio::awaitable<std::tuple<error_code, std::size_t>> write_eagerly(
-    Stream& stream, boost::asio::ip::tcp::socket* socket, const ConstBuffers& buffers) {
-  auto progress = write_now(socket, buffers);
-  if (!progress.finished) progress = co_await write_rest(stream, buffers, progress);
+    boost::asio::ip::tcp::socket& socket, SocketDeadline& deadline, Clock::duration limit,
+    const ConstBuffers& buffers) {
+  auto progress = write_now(&socket, buffers);
+  if (!progress.finished) {
+    progress = co_await write_rest_within(socket, deadline, limit, buffers, progress);
+  }
   co_return std::tuple{progress.ec, progress.written};
 }
 

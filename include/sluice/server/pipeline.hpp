@@ -1,8 +1,8 @@
 #pragma once
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,6 +11,7 @@
 #include "sluice/common/clock.hpp"
 #include "sluice/common/errors.hpp"
 #include "sluice/common/result.hpp"
+#include "sluice/common/socket_deadline.hpp"
 #include "sluice/metrics/access_log.hpp"
 #include "sluice/metrics/gap_tracker.hpp"
 #include "sluice/metrics/trace_context.hpp"
@@ -27,7 +28,8 @@ struct RequestContext {
   Worker& worker;
   std::shared_ptr<const Snapshot> snapshot;
   ClientRequest& request;
-  boost::beast::tcp_stream& client;
+  boost::asio::ip::tcp::socket& client;
+  SocketDeadline& client_deadline;        // the connection's; disarmed while no wait needs it
   stream::Relay::Buffers& relay_buffers;  // reused by every request on the connection
   stream::ClientWatch& watch;             // the connection's, started for each proxied request
   auth::KeyMemo& key_memo;                // the key the connection presented last

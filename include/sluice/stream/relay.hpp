@@ -3,7 +3,7 @@
 #include <array>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <chrono>
 #include <functional>
 #include <optional>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "sluice/common/clock.hpp"
+#include "sluice/common/socket_deadline.hpp"
 #include "sluice/metrics/gap_tracker.hpp"
 #include "sluice/metrics/registry.hpp"
 #include "sluice/stream/sse_scanner.hpp"
@@ -91,8 +92,14 @@ class Relay {
     std::string json_tail;                   // the last bytes of a JSON body read so far
   };
 
-  Relay(boost::beast::tcp_stream& client, Buffers& buffers, std::chrono::milliseconds write_timeout)
-      : client_(client), buffers_(buffers), write_timeout_(write_timeout) {}
+  // Writes that the client's socket does not take at once may wait up to
+  // `write_timeout` each, under `client_deadline`.
+  Relay(boost::asio::ip::tcp::socket& client, SocketDeadline& client_deadline, Buffers& buffers,
+        std::chrono::milliseconds write_timeout)
+      : client_(client),
+        client_deadline_(client_deadline),
+        buffers_(buffers),
+        write_timeout_(write_timeout) {}
 
   // `head_fields` are preformatted "Name: value\r\n" lines added to the
   // upstream's own headers. `options` is read where it lies, so it must
@@ -104,7 +111,8 @@ class Relay {
                                            const RelayOptions& options);
 
  private:
-  boost::beast::tcp_stream& client_;
+  boost::asio::ip::tcp::socket& client_;
+  SocketDeadline& client_deadline_;
   Buffers& buffers_;
   std::chrono::milliseconds write_timeout_;
   // A member rather than a local of run(): that keeps run()'s frame under
