@@ -90,8 +90,8 @@ Exchange::~Exchange() {
   if (reusable) {
     ++connection_->exchanges;
     connection_->trim_read_buffer();
-    connection_->tcp().expires_never();
-    if (connection_->plain_socket()) connection_->read_deadline().expires_never();
+    if (auto* tls = connection_->tls_stream()) tls->next_layer().expires_never();
+    connection_->deadline().expires_never();
     pool_.give_back(std::move(connection_), known_or_now(finished_at_));
   } else {
     connection_->close();
@@ -177,7 +177,7 @@ TimePoint Exchange::body_read_deadline() const {
 std::optional<Exchange::PlainBodyRead> Exchange::begin_plain_body_read() {
   auto* socket = connection_->plain_socket();
   if (socket == nullptr) return std::nullopt;
-  connection_->read_deadline().expires_at(body_read_deadline());
+  connection_->deadline().expires_at(body_read_deadline());
   auto& buffered = connection_->read_buffer();
   // A body of known length (an embedding of tens of kilobytes) is read in
   // reads as large as what is still to come, not a buffer's worth at a time.
@@ -190,7 +190,7 @@ error_code Exchange::settle_plain_body_read(error_code ec, std::size_t bytes) {
   auto& buffered = connection_->read_buffer();
   // A read into no room completes at once with nothing.
   if (!ec && bytes == 0 && read_room(buffered) == 0) return http::error::buffer_overflow;
-  return settle_read(ec, bytes, buffered, *parser_, connection_->read_deadline());
+  return settle_read(ec, bytes, buffered, *parser_, connection_->deadline());
 }
 
 std::optional<Result<std::size_t, UpstreamError>> Exchange::finish_plain_body_read(
@@ -222,7 +222,7 @@ net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* dat
     }
     // Beast's read parses into the body buffer set here.
     parser_->set_body_buffer(data, capacity);
-    connection_->tcp().expires_at(body_read_deadline());
+    connection_->tls_stream()->next_layer().expires_at(body_read_deadline());
     auto [tls_ec, unused] = co_await http::async_read_some(
         *connection_, connection_->read_buffer(), parser_->beast_parser(), as_tuple(use_awaitable));
     const error_code ec = tls_ec == http::error::need_buffer ? error_code{} : tls_ec;
@@ -267,11 +267,10 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
   }
   abort_handle.connection_ = connection.get();
 
-  auto& tcp = connection->tcp();
-  connection->read_deadline().expires_at(connect_deadline);
+  connection->deadline().expires_at(connect_deadline);
   auto connect_ec =
-      co_await connect_relay_socket(tcp.socket(), endpoints, connection->read_deadline());
-  connection->read_deadline().expires_never();
+      co_await connect_relay_socket(connection->socket(), endpoints, connection->deadline());
+  connection->deadline().expires_never();
   if (connect_ec) {
     abort_handle.connection_ = nullptr;
     if (abort_handle.aborted()) co_return UpstreamError{Failure::aborted, connect_ec};
@@ -284,10 +283,10 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
   if (auto* tls = connection->tls_stream()) {
     if (!origin.address) SSL_set_tlsext_host_name(tls->native_handle(), origin.host.c_str());
     if (origin.tls_verify) tls->set_verify_callback(net::ssl::host_name_verification(origin.host));
-    tcp.expires_at(connect_deadline);
+    tls->next_layer().expires_at(connect_deadline);
     auto [tls_ec] =
         co_await tls->async_handshake(net::ssl::stream_base::client, as_tuple(use_awaitable));
-    tcp.expires_never();
+    tls->next_layer().expires_never();
     if (tls_ec) {
       abort_handle.connection_ = nullptr;
       connection->close();
@@ -342,16 +341,21 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
     exchange->failed_ = false;
 
     auto& conn = *exchange->connection_;
-    // The wait for the head starts once the connection is ready to send.
+    // The wait for the head starts once the connection is ready to send, and
+    // bounds the request's write and the head's read together.
     const auto head_deadline = std::min(timing.secured + limits.ttft, limits.deadline);
-    conn.tcp().expires_at(head_deadline);
+    if (auto* tls = conn.tls_stream()) {
+      tls->next_layer().expires_at(head_deadline);
+    } else {
+      conn.deadline().expires_at(head_deadline);
+    }
     auto sent = write_now(conn.plain_socket(), wire);
     // Sent whole without a wait: the answer can only come after it, and the
     // head read below may wait for it without trying first.
     const auto first_read =
         sent.finished && !sent.ec ? ReadStart::awaiting_reply : ReadStart::try_at_once;
     if (!sent.finished) sent = co_await write_rest(conn, wire, sent);
-    const error_code write_ec = sent.ec;
+    const error_code write_ec = conn.deadline().translate(sent.ec);
     timing.sent = Clock::now();
     if (write_ec) {
       exchange->failed_ = true;
@@ -369,9 +373,8 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
 
     error_code read_ec;
     if (auto* socket = conn.plain_socket()) {
-      conn.read_deadline().expires_at(head_deadline);
       read_ec = co_await read_http(*socket, conn.read_buffer(), *exchange->parser_, false,
-                                   conn.read_deadline(), first_read);
+                                   conn.deadline(), first_read);
     } else {
       auto [tls_ec, head_bytes] = co_await http::async_read_header(
           conn, conn.read_buffer(), exchange->parser_->beast_parser(), as_tuple(use_awaitable));

@@ -8,7 +8,7 @@ namespace sluice::upstream {
 Connection::Connection(executor_type executor, std::string origin_key)
     : origin_key_(std::move(origin_key)) {
   plain_.emplace(std::move(executor));
-  read_deadline_.emplace(plain_->socket());
+  deadline_.emplace(*plain_);
   read_buffer_.reserve(kPlainReadBufferSize);
 }
 
@@ -16,7 +16,7 @@ Connection::Connection(executor_type executor, std::string origin_key,
                        boost::asio::ssl::context& tls)
     : origin_key_(std::move(origin_key)) {
   tls_.emplace(boost::beast::tcp_stream(std::move(executor)), tls);
-  read_deadline_.emplace(tls_->next_layer().socket());
+  deadline_.emplace(tls_->next_layer().socket());
 }
 
 void Connection::trim_read_buffer() {
@@ -27,13 +27,13 @@ void Connection::close() {
   // close alone sends the FIN (or, with unread bytes, the reset an abandoned
   // answer deserves); a shutdown first would be one more system call.
   error_code ignored;
-  tcp().socket().close(ignored);
+  socket().close(ignored);
 }
 
-bool Connection::is_open() { return tcp().socket().is_open(); }
+bool Connection::is_open() { return socket().is_open(); }
 
 bool Connection::peer_closed() {
-  auto& socket = tcp().socket();
+  auto& socket = this->socket();
   if (!socket.is_open()) return true;
   error_code ec;
   bool was_non_blocking = socket.non_blocking();

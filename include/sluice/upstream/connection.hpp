@@ -34,7 +34,7 @@ class Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
-  executor_type get_executor() { return tcp().get_executor(); }
+  executor_type get_executor() { return socket().get_executor(); }
 
   template <class MutableBuffers, class Token>
   auto async_read_some(const MutableBuffers& buffers, Token&& token) {
@@ -48,15 +48,16 @@ class Connection {
     return plain_->async_write_some(buffers, std::forward<Token>(token));
   }
 
-  boost::beast::tcp_stream& tcp() { return tls_ ? tls_->next_layer() : *plain_; }
+  // The TCP socket, under TLS or not.
+  boost::asio::ip::tcp::socket& socket() { return tls_ ? tls_->next_layer().socket() : *plain_; }
   boost::beast::ssl_stream<boost::beast::tcp_stream>* tls_stream() {
     return tls_ ? &*tls_ : nullptr;
   }
   // The socket bytes go to as they are, or null for TLS.
-  boost::asio::ip::tcp::socket* plain_socket() { return plain_ ? &plain_->socket() : nullptr; }
-  // The deadline of the connect, and of reads made on plain_socket()
-  // directly (TLS reads go through the stream and its expiry).
-  SocketDeadline& read_deadline() { return *read_deadline_; }
+  boost::asio::ip::tcp::socket* plain_socket() { return plain_ ? &*plain_ : nullptr; }
+  // The deadline of the connect, and of a plain connection's reads and
+  // writes (TLS reads and writes go through the stream and its expiry).
+  SocketDeadline& deadline() { return *deadline_; }
   boost::beast::flat_buffer& read_buffer() { return read_buffer_; }
   // Lets go of a read buffer that a large body grew, so that a connection
   // waiting in the pool costs what a fresh one does. Only for an empty
@@ -77,9 +78,9 @@ class Connection {
 
  private:
   std::string origin_key_;
-  std::optional<boost::beast::tcp_stream> plain_;
+  std::optional<boost::asio::ip::tcp::socket> plain_;
   std::optional<boost::beast::ssl_stream<boost::beast::tcp_stream>> tls_;
-  std::optional<SocketDeadline> read_deadline_;
+  std::optional<SocketDeadline> deadline_;
   boost::beast::flat_buffer read_buffer_;
 };
 
