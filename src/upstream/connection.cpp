@@ -5,9 +5,9 @@
 
 namespace sluice::upstream {
 
-Connection::Connection(executor_type executor, std::string origin_key)
+Connection::Connection(const executor_type& executor, std::string origin_key)
     : origin_key_(std::move(origin_key)) {
-  plain_.emplace(std::move(executor));
+  plain_.emplace(executor);
   deadline_.emplace(*plain_);
   read_buffer_.reserve(kPlainReadBufferSize);
 }
@@ -39,7 +39,7 @@ bool Connection::peer_closed() {
   bool was_non_blocking = socket.non_blocking();
   if (!was_non_blocking) socket.non_blocking(true, ec);
   if (ec) return false;
-  char byte;
+  char byte = 0;
   socket.receive(boost::asio::buffer(&byte, 1), boost::asio::socket_base::message_peek, ec);
   if (!was_non_blocking) {
     error_code ignored;

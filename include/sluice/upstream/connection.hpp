@@ -28,7 +28,7 @@ class Connection {
   // from the TLS layer's own buffer, so theirs stays at Beast's default.
   static constexpr std::size_t kPlainReadBufferSize = 1024;
 
-  Connection(executor_type executor, std::string origin_key);
+  Connection(const executor_type& executor, std::string origin_key);
   Connection(executor_type executor, std::string origin_key, boost::asio::ssl::context& tls);
 
   Connection(const Connection&) = delete;
