@@ -90,8 +90,7 @@ Exchange::~Exchange() {
   if (reusable) {
     ++connection_->exchanges;
     connection_->trim_read_buffer();
-    if (auto* tls = connection_->tls_stream()) tls->next_layer().expires_never();
-    connection_->deadline().expires_never();
+    connection_->expires_never();
     pool_.give_back(std::move(connection_), known_or_now(finished_at_));
   } else {
     connection_->close();
@@ -222,7 +221,7 @@ net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* dat
     }
     // Beast's read parses into the body buffer set here.
     parser_->set_body_buffer(data, capacity);
-    connection_->tls_stream()->next_layer().expires_at(body_read_deadline());
+    connection_->expires_at(body_read_deadline());
     auto [tls_ec, unused] = co_await http::async_read_some(
         *connection_, connection_->read_buffer(), parser_->beast_parser(), as_tuple(use_awaitable));
     const error_code ec = tls_ec == http::error::need_buffer ? error_code{} : tls_ec;
@@ -283,10 +282,10 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
   if (auto* tls = connection->tls_stream()) {
     if (!origin.address) SSL_set_tlsext_host_name(tls->native_handle(), origin.host.c_str());
     if (origin.tls_verify) tls->set_verify_callback(net::ssl::host_name_verification(origin.host));
-    tls->next_layer().expires_at(connect_deadline);
+    connection->expires_at(connect_deadline);
     auto [tls_ec] =
         co_await tls->async_handshake(net::ssl::stream_base::client, as_tuple(use_awaitable));
-    tls->next_layer().expires_never();
+    connection->expires_never();
     if (tls_ec) {
       abort_handle.connection_ = nullptr;
       connection->close();
@@ -344,11 +343,7 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
     // The wait for the head starts once the connection is ready to send, and
     // bounds the request's write and the head's read together.
     const auto head_deadline = std::min(timing.secured + limits.ttft, limits.deadline);
-    if (auto* tls = conn.tls_stream()) {
-      tls->next_layer().expires_at(head_deadline);
-    } else {
-      conn.deadline().expires_at(head_deadline);
-    }
+    conn.expires_at(head_deadline);
     auto sent = write_now(conn.plain_socket(), wire);
     // Sent whole without a wait: the answer can only come after it, and the
     // head read below may wait for it without trying first.

@@ -19,6 +19,16 @@ Connection::Connection(executor_type executor, std::string origin_key,
   deadline_.emplace(tls_->next_layer().socket());
 }
 
+void Connection::expires_at(TimePoint when) {
+  if (!tls_) {
+    deadline_->expires_at(when);
+  } else if (when == TimePoint::max()) {
+    tls_->next_layer().expires_never();
+  } else {
+    tls_->next_layer().expires_at(when);
+  }
+}
+
 void Connection::trim_read_buffer() {
   if (release_grown_buffer(read_buffer_) && plain_) read_buffer_.reserve(kPlainReadBufferSize);
 }

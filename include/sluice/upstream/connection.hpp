@@ -58,6 +58,10 @@ class Connection {
   // The deadline of the connect, and of a plain connection's reads and
   // writes (TLS reads and writes go through the stream and its expiry).
   SocketDeadline& deadline() { return *deadline_; }
+  // Bounds what is read and written from now on, through the connection or
+  // plain_socket(): the TLS stream's expiry, or a plain connection's deadline.
+  void expires_at(TimePoint when);
+  void expires_never() { expires_at(TimePoint::max()); }
   boost::beast::flat_buffer& read_buffer() { return read_buffer_; }
   // Lets go of a read buffer that a large body grew, so that a connection
   // waiting in the pool costs what a fresh one does. Only for an empty
