@@ -1,6 +1,7 @@
 // SocketDeadline: a read pending past the deadline ends as a timeout; moving
 // the deadline later keeps it pending; no deadline lets it wait; destroying
-// the deadline with its timer armed is harmless. read_http parses what is
+// the deadline with its timer armed is harmless; the deadlines of several
+// sockets share their context's queue. read_http parses what is
 // buffered without reading and maps the end of the stream as Beast does.
 #include "sluice/common/socket_deadline.hpp"
 
@@ -113,6 +114,91 @@ TEST(SocketDeadline, DestroyedWhileArmedDoesNothingLater) {
     result = ec;
   }());
   EXPECT_FALSE(result) << result.message();
+}
+
+// Three sockets on one context share its deadline queue: each read ends at
+// its own deadline, whatever order they were set in, and a deadline dropped
+// while queued (its connection ended) takes nothing else with it.
+TEST(SocketDeadline, DeadlinesOfSeveralSocketsEachFireAtTheirOwnTime) {
+  SocketPair first;
+  auto& context = first.context;
+  tcp::acceptor acceptor(context, {net::ip::make_address("127.0.0.1"), 0});
+  tcp::socket second(context), second_peer(context), third(context), third_peer(context);
+  second.connect(acceptor.local_endpoint());
+  second_peer = acceptor.accept();
+  third.connect(acceptor.local_endpoint());
+  third_peer = acceptor.accept();
+
+  SocketDeadline late(first.ours);
+  SocketDeadline early(second);
+  SocketDeadline never(third);
+  auto dropped = std::make_unique<SocketDeadline>(third);
+  const auto started = Clock::now();
+  TimePoint late_ended, early_ended;
+  error_code late_result, early_result, never_result;
+  bool never_done = false;
+  first.run([&]() -> net::awaitable<void> {
+    late.expires_after(160ms);  // queued first, fires last
+    early.expires_after(40ms);  // comes before it in the queue
+    dropped->expires_after(10ms);
+    dropped.reset();  // its place is given up: the third socket is not cancelled
+    never.expires_never();
+    net::co_spawn(
+        context,
+        [&]() -> net::awaitable<void> {
+          early_result = co_await read_one(second, early);
+          early_ended = Clock::now();
+        },
+        net::detached);
+    net::co_spawn(
+        context,
+        [&]() -> net::awaitable<void> {
+          never_result = co_await read_one(third, never);
+          never_done = true;
+        },
+        net::detached);
+    first.after(250ms, [&] { net::write(third_peer, net::buffer(std::string_view("x"))); });
+    late_result = co_await read_one(first.ours, late);
+    late_ended = Clock::now();
+    net::steady_timer settle(context, 150ms);
+    co_await settle.async_wait(net::use_awaitable);
+  }());
+  EXPECT_EQ(early_result, beast::error::timeout);
+  EXPECT_EQ(late_result, beast::error::timeout);
+  EXPECT_GE(early_ended - started, 40ms);
+  EXPECT_GE(late_ended - started, 160ms);
+  EXPECT_LT(early_ended, late_ended);
+  EXPECT_TRUE(never_done);
+  EXPECT_FALSE(never_result) << never_result.message();
+  EXPECT_FALSE(never.expired());
+}
+
+// A coroutine still waiting when its context goes away is destroyed with
+// it, deadline and all, after the context's deadline queue has shut down.
+TEST(SocketDeadline, DestroyedWithItsContextWhileQueued) {
+  bool destroyed = false;
+  {
+    net::io_context context;
+    tcp::acceptor acceptor(context, {net::ip::make_address("127.0.0.1"), 0});
+    struct MarkOnExit {
+      bool& flag;
+      ~MarkOnExit() { flag = true; }
+    };
+    net::co_spawn(
+        context,
+        [&]() -> net::awaitable<void> {
+          MarkOnExit mark{destroyed};
+          tcp::socket socket(context);
+          socket.connect(acceptor.local_endpoint());
+          SocketDeadline deadline(socket);
+          deadline.expires_after(10s);
+          co_await read_one(socket, deadline);
+        },
+        net::detached);
+    context.run_for(50ms);
+    EXPECT_FALSE(destroyed);
+  }
+  EXPECT_TRUE(destroyed);
 }
 
 TEST(ReadHttp, BufferedRequestIsParsedWithoutReading) {

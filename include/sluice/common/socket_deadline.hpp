@@ -1,22 +1,29 @@
 #pragma once
 
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <cstdint>
-#include <memory>
+#include <boost/intrusive/set_hook.hpp>
 
 #include "sluice/common/clock.hpp"
 #include "sluice/common/errors.hpp"
 
 namespace sluice {
 
+namespace detail {
+class DeadlineQueue;
+}
+
 // A deadline for the operations pending on a socket that costs next to
-// nothing to move. Beast's stream starts and cancels a timer around every
-// operation, and each cancellation is a further trip through the event loop;
-// here one timer stays armed and is re-armed only when it fires early (the
-// deadline moved later meanwhile) or must fire sooner. When the deadline
-// passes, the socket's pending operations are cancelled: they complete with
+// nothing to set, move or drop. Beast's stream starts and cancels a timer
+// around every operation, and each cancellation is a further trip through the
+// event loop. Here the deadlines of all sockets on one io_context wait in one
+// ordered queue under one timer, as an event loop's timers do in nginx: a
+// deadline costs no allocation and no timer of its own, and dropping it (a
+// connection that ends) is an unlink. A deadline moved later keeps its place
+// and is requeued only when that place comes up. When the deadline passes,
+// the socket's pending operations are cancelled: they complete with
 // operation_aborted, and expired() says it was the deadline.
+//
+// Used on the thread that runs the socket's io_context, as the socket is.
 class SocketDeadline {
  public:
   explicit SocketDeadline(boost::asio::ip::tcp::socket& socket);
@@ -24,29 +31,36 @@ class SocketDeadline {
   SocketDeadline(const SocketDeadline&) = delete;
   SocketDeadline& operator=(const SocketDeadline&) = delete;
 
-  void expires_at(TimePoint when);
+  // Costs two stores and a comparison unless the deadline comes sooner than
+  // its place in the queue (or it has none): every request moves its
+  // connection's deadlines several times.
+  void expires_at(TimePoint when) {
+    deadline_ = when;
+    expired_ = false;
+    if (when < queued_for_) queue_sooner(when);
+  }
   void expires_after(Clock::duration after) { expires_at(Clock::now() + after); }
   void expires_never() { expires_at(TimePoint::max()); }
-  bool expired() const { return state_->expired; }
+  bool expired() const { return expired_; }
 
   // An operation_aborted that the deadline caused becomes beast's timeout.
   error_code translate(error_code ec) const;
 
  private:
-  struct State {
-    explicit State(boost::asio::ip::tcp::socket& socket)
-        : socket(socket), timer(socket.get_executor()) {}
-    boost::asio::ip::tcp::socket& socket;
-    boost::asio::steady_timer timer;
-    TimePoint deadline = TimePoint::max();
-    TimePoint armed_for = TimePoint::max();  // when the pending wait ends; max: none pending
-    bool expired = false;
-    std::uint64_t generation = 0;  // tells a superseded wait's completion apart
-  };
-  static void arm(const std::shared_ptr<State>& state, TimePoint when);
-  static void on_timer(const std::weak_ptr<State>& weak, std::uint64_t generation, error_code ec);
+  friend class detail::DeadlineQueue;
+  // A place further on in the queue finds no deadline, or a later one, when
+  // it comes up, and drops it or requeues it then: only a deadline that
+  // comes sooner than its place takes a new one.
+  void queue_sooner(TimePoint when);
+  using SafeLink = boost::intrusive::link_mode<boost::intrusive::safe_link>;
 
-  std::shared_ptr<State> state_;
+  boost::asio::ip::tcp::socket& socket_;
+  detail::DeadlineQueue* queue_;
+  TimePoint deadline_ = TimePoint::max();
+  // Where in the queue it waits; max: not queued.
+  TimePoint queued_for_ = TimePoint::max();
+  bool expired_ = false;
+  boost::intrusive::set_member_hook<SafeLink> queued_hook_;
 };
 
 }  // namespace sluice
