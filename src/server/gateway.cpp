@@ -95,10 +95,10 @@ Worker::~Worker() {
 }
 
 void Worker::close_idle_connections() {
-  for (auto* connection : connections_) {
-    if (connection->idle) {
+  for (auto& connection : connections_) {
+    if (connection.idle) {
       error_code ignored;
-      connection->socket->cancel(ignored);
+      connection.socket->cancel(ignored);
     }
   }
 }

@@ -112,7 +112,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
   stream::ClientWatch watch(client, buffer);
   auth::KeyMemo key_memo;
   ClientConnection tracked{&client};
-  worker.track(&tracked);
+  worker.track(tracked);
 
   // Whether the client ended the connection between requests.
   bool client_left = false;
@@ -193,7 +193,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
     }
   }
 
-  worker.untrack(&tracked);
+  Worker::untrack(tracked);
   watch.cancel();
   if (client_left || client_asked_to_close) {
     // Nothing more can come that would turn the close into a reset (a client

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/intrusive/list.hpp>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -10,7 +11,6 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "sluice/auth/stage.hpp"
@@ -62,10 +62,14 @@ struct Snapshot {
 class Gateway;
 
 // A client connection as its worker sees it: enough to close it when the
-// gateway drains while it waits, idle, for its next request.
+// gateway drains while it waits, idle, for its next request. Linked into its
+// worker's list where it lives (the connection's frame), so that tracking a
+// connection allocates nothing; it leaves the list when destroyed.
 struct ClientConnection {
   boost::asio::ip::tcp::socket* socket = nullptr;
   bool idle = true;  // between requests, nothing read of the next one yet
+  boost::intrusive::list_member_hook<boost::intrusive::link_mode<boost::intrusive::auto_unlink>>
+      worker_hook;
 };
 
 // One event-loop thread with its own io_context and upstream pool. A client
@@ -89,8 +93,8 @@ class Worker {
   const std::shared_ptr<const Snapshot>& snapshot() const { return snapshot_; }
 
   // Called on the worker's own thread only.
-  void track(ClientConnection* connection) { connections_.insert(connection); }
-  void untrack(ClientConnection* connection) { connections_.erase(connection); }
+  void track(ClientConnection& connection) { connections_.push_back(connection); }
+  static void untrack(ClientConnection& connection) { connection.worker_hook.unlink(); }
   std::size_t client_connections() const { return connections_.size(); }
   // Closes the connections that wait idle for a next request; busy ones
   // finish their request and then close, because the gateway is draining.
@@ -108,7 +112,12 @@ class Worker {
                                         std::chrono::milliseconds connect_timeout);
 
   std::shared_ptr<const Snapshot> snapshot_;
-  std::unordered_set<ClientConnection*> connections_;
+  boost::intrusive::list<
+      ClientConnection,
+      boost::intrusive::member_hook<ClientConnection, decltype(ClientConnection::worker_hook),
+                                    &ClientConnection::worker_hook>,
+      boost::intrusive::constant_time_size<false>>
+      connections_;
   // Connections being opened by keep_warm, per origin.
   std::unordered_map<std::string, unsigned> warming_;
   Gateway& gateway_;
