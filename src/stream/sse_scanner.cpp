@@ -546,6 +546,7 @@ void SseScanner::scan(std::string_view piece, std::vector<std::string_view>& out
   value_continued_ = line_state_ == LineState::value;
 
   std::size_t i = 0;
+  if (!in_block_ && line_state_ == LineState::start && !after_cr_) i = take_whole_data_events();
   const std::size_t size = piece.size();
   while (i < size) {
     const char c = piece[i];
@@ -613,6 +614,34 @@ void SseScanner::scan(std::string_view piece, std::vector<std::string_view>& out
     }
   }
   end_of_piece();
+}
+
+std::size_t SseScanner::take_whole_data_events() {
+  const std::string_view piece = piece_;
+  const std::size_t size = piece.size();
+  std::size_t at = 0;
+  while (size - at > kDataField.size() && piece.compare(at, kDataField.size(), kDataField) == 0) {
+    std::size_t value = at + kDataField.size();
+    if (piece[value] == ' ' && ++value == size) break;
+    const auto line = detail::scan_data_line(piece, value);
+    if (size - line.end < 2 || piece[line.end] != '\n' || piece[line.end + 1] != '\n') break;
+    ++events_;
+    const auto payload = piece.substr(value, line.end - value);
+    const std::size_t end = line.end + 2;
+    bool dropped = inspect(payload, strip_, line.key_from(value));
+    if (dropped) {
+      // The probe has the last word, as it has for an event read in steps.
+      probe_.reset();
+      dropped = !probe_.rules_out(payload);
+    }
+    if (dropped) {
+      ++stripped_events_;
+      if (at > run_start_) out_->push_back(piece.substr(run_start_, at - run_start_));
+      run_start_ = end;
+    }
+    at = end;
+  }
+  return at;
 }
 
 std::size_t SseScanner::take_data_line(std::size_t start) {

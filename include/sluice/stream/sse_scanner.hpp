@@ -161,6 +161,13 @@ class SseScanner {
 
   void scan(std::string_view piece, std::vector<std::string_view>& out);
   void begin_block(std::size_t position);
+  // Nearly every read of a stream brings whole events of one `data:` line
+  // each ("data: {...}\n\n"). From the start of a piece that begins
+  // between events, each such event is counted, inspected and, if it is to
+  // be stripped, left out straight from its line's scan, with none of the
+  // line-by-line bookkeeping or holding back; the rest of the piece is read
+  // as any other. Returns where that reading starts.
+  std::size_t take_whole_data_events();
   // Nearly every line of a stream is a `data:` line, and a blank line that
   // ends the event follows it: from its name at `start` in the piece, such a
   // line is read in one step, and that blank line with it when it ends in
