@@ -94,6 +94,31 @@ Worker::~Worker() {
   pool_.shut_down();
 }
 
+namespace {
+
+// Enough for the connections a worker opens and ends at a steady rate; a
+// burst past it gives the rest back to the allocator as it ends.
+constexpr std::size_t kSpareRelayBuffers = 256;
+
+}  // namespace
+
+Worker::RelayBuffersLoan Worker::lend_relay_buffers() {
+  if (spare_relay_buffers_.empty()) {
+    return RelayBuffersLoan(new stream::Relay::Buffers, GiveBackRelayBuffers{this});
+  }
+  RelayBuffersLoan loan(spare_relay_buffers_.back().release(), GiveBackRelayBuffers{this});
+  spare_relay_buffers_.pop_back();
+  return loan;
+}
+
+void Worker::GiveBackRelayBuffers::operator()(stream::Relay::Buffers* buffers) const {
+  std::unique_ptr<stream::Relay::Buffers> given(buffers);
+  auto& spares = worker->spare_relay_buffers_;
+  if (spares.size() >= kSpareRelayBuffers) return;
+  given->release_grown();
+  spares.push_back(std::move(given));
+}
+
 void Worker::close_idle_connections() {
   for (auto& connection : connections_) {
     if (connection.idle) {

@@ -104,9 +104,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
   // the client could send more) then waits for readiness without trying.
   prepare_accepted_relay_socket(client);
   beast::flat_buffer buffer;
-  // The read buffer is small to start with: a held stream's events are
-  // small. The relay grows it for a body that arrives in bulk.
-  stream::Relay::Buffers relay_buffers;
+  const auto relay_buffers = worker.lend_relay_buffers();
   // The deadline of the request reads, and of any write that has to wait.
   SocketDeadline deadline(client);
   stream::ClientWatch watch(client, buffer);
@@ -180,7 +178,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
     if (!watch.reading()) release_grown_buffer(buffer);
 
     RequestContext context{worker, snapshot, request,
-                           client, deadline, relay_buffers,
+                           client, deadline, *relay_buffers,
                            watch,  key_memo, request.keep_alive() && !gateway.draining()};
     context.request_id = request_id_for(request, worker);
     context.head_started = head_started;

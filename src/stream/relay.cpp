@@ -85,6 +85,28 @@ constexpr std::string_view kLastChunk = "0\r\n\r\n";
 
 }  // namespace
 
+namespace {
+
+// Past these a buffer is not kept between requests.
+constexpr std::size_t kKeptHeadBytes = 4096;
+constexpr std::size_t kKeptViews = 64;
+
+template <class Container>
+void release_if_over(Container& container, std::size_t kept) {
+  if (container.capacity() > kept) Container().swap(container);
+}
+
+}  // namespace
+
+void Relay::Buffers::release_grown() {
+  release_if_over(read, kFirstReadSize);
+  release_if_over(head, kKeptHeadBytes);
+  release_if_over(json_tail, 2 * kUsageTailBytes);
+  release_if_over(pieces, kKeptViews);
+  release_if_over(spans, kKeptViews);
+  release_if_over(wire, kKeptViews);
+}
+
 std::span<const std::string_view> Relay::take_pieces(const RelayOptions& options, std::size_t n,
                                                      bool body_ended, bool read_to_length,
                                                      RelayOutcome& outcome) {

@@ -1,11 +1,14 @@
 // One client connection carrying many requests: requests sent before the
 // last answer ended (pipelined, or sent while a stream is still relayed),
 // the idle timeout between requests, a client that leaves between two, and
-// one that asks for the connection to end with its answer.
+// one that asks for the connection to end with its answer. What a
+// connection's requests relay in is lent by its worker.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <vector>
 
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
@@ -166,6 +169,52 @@ TEST(KeepAlive, AClientThatAskedToCloseIsLetGoWithItsAnswer) {
         << "stream: " << stream << ", open: " << open_connections.load();
   }
   EXPECT_TRUE(leaks.settled());
+}
+
+// A connection borrows its worker's relay buffers and gives them back when
+// it ends: connections one after another all relay in the same ones.
+TEST(KeepAlive, ConnectionsBorrowTheWorkersRelayBuffersAndGiveThemBack) {
+  auto upstream = start_mock(streaming(1ms, 3));
+  TestGateway gateway(one_model(upstream->base_url(), "server:\n  threads: 1\n"));
+  auto& open_connections = gateway.gateway().open_connections();
+  for (int i = 0; i < 3; ++i) {
+    HttpConnection client(gateway.port(), 3s);
+    for (bool stream : {false, true}) {
+      auto response = client.request("POST", "/v1/chat/completions", chat_body("chat", stream),
+                                     {{"Connection", stream ? "close" : "keep-alive"}});
+      EXPECT_EQ(response.status, 200u);
+      expect_complete_answer(response.body, stream, 3);
+    }
+    ASSERT_TRUE(eventually([&] { return open_connections.load() == 0; }, 2s));
+  }
+  std::size_t spares = 0;
+  const stream::Relay::Buffers* lent_first = nullptr;
+  const stream::Relay::Buffers* lent_again = nullptr;
+  gateway.on_each_worker([&](server::Worker& worker) {
+    spares = worker.spare_relay_buffers();
+    auto loan = worker.lend_relay_buffers();
+    lent_first = loan.get();
+    loan.reset();
+    lent_again = worker.lend_relay_buffers().get();
+  });
+  EXPECT_EQ(spares, 1u);  // three connections, one after another: one set of buffers
+  EXPECT_EQ(lent_again, lent_first);
+}
+
+// Buffers given back after a burst are kept up to a bound; the rest are
+// freed, so a burst does not hold its memory for good.
+TEST(KeepAlive, SpareRelayBuffersAreBounded) {
+  auto upstream = start_mock();
+  TestGateway gateway(one_model(upstream->base_url(), "server:\n  threads: 1\n"));
+  std::size_t after_burst = 0;
+  gateway.on_each_worker([&](server::Worker& worker) {
+    std::vector<server::Worker::RelayBuffersLoan> burst;
+    for (int i = 0; i < 1000; ++i) burst.push_back(worker.lend_relay_buffers());
+    burst.clear();
+    after_burst = worker.spare_relay_buffers();
+  });
+  EXPECT_GT(after_burst, 0u);
+  EXPECT_LT(after_burst, 1000u);
 }
 
 }  // namespace

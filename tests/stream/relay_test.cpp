@@ -287,5 +287,31 @@ TEST(RelayUsage, ReadFromTheTailOfAJsonBody) {
   EXPECT_FALSE(stream::usage_from_json_tail(R"({"x":"usage","y":{"prompt_tokens":3}})"));
 }
 
+// Buffers go from one request to the next: what a large body or head grew
+// is let go of, what an ordinary request needs is kept as it is.
+TEST(RelayBuffers, WhatALargeAnswerGrewIsLetGoOfBetweenRequests) {
+  stream::Relay::Buffers grown;
+  grown.copy_buffer().resize(stream::Relay::kLargestRead);
+  grown.head.assign(64 * 1024, 'h');
+  grown.pieces.resize(5000);
+  grown.wire.resize(5000);
+  grown.release_grown();
+  EXPECT_LE(grown.read.capacity(), stream::Relay::kFirstReadSize);
+  EXPECT_LT(grown.head.capacity(), std::size_t{64 * 1024});
+  EXPECT_LT(grown.pieces.capacity(), 5000u);
+  EXPECT_LT(grown.wire.capacity(), 5000u);
+
+  stream::Relay::Buffers ordinary;
+  ordinary.copy_buffer();
+  ordinary.head.assign(300, 'h');
+  ordinary.pieces.resize(4);
+  const auto* read = ordinary.read.data();
+  const auto* head = ordinary.head.data();
+  ordinary.release_grown();
+  EXPECT_EQ(ordinary.read.data(), read);
+  EXPECT_EQ(ordinary.head.data(), head);
+  EXPECT_EQ(ordinary.pieces.size(), 4u);
+}
+
 }  // namespace
 }  // namespace sluice::testing

@@ -22,6 +22,7 @@
 #include "sluice/metrics/registry.hpp"
 #include "sluice/router/router.hpp"
 #include "sluice/server/event_loop.hpp"
+#include "sluice/stream/relay.hpp"
 #include "sluice/upstream/client.hpp"
 
 namespace sluice::server {
@@ -92,6 +93,18 @@ class Worker {
   // the worker's own thread only (Gateway::apply posts the new one).
   const std::shared_ptr<const Snapshot>& snapshot() const { return snapshot_; }
 
+  // What a connection's requests relay in (stream/relay.hpp), lent for the
+  // connection's life and kept for the next connection once given back: a
+  // new connection allocates none of it. Called on the worker's own thread
+  // only.
+  struct GiveBackRelayBuffers {
+    Worker* worker;
+    void operator()(stream::Relay::Buffers* buffers) const;
+  };
+  using RelayBuffersLoan = std::unique_ptr<stream::Relay::Buffers, GiveBackRelayBuffers>;
+  RelayBuffersLoan lend_relay_buffers();
+  std::size_t spare_relay_buffers() const { return spare_relay_buffers_.size(); }
+
   // Called on the worker's own thread only.
   void track(ClientConnection& connection) { connections_.push_back(connection); }
   static void untrack(ClientConnection& connection) { connection.worker_hook.unlink(); }
@@ -118,6 +131,8 @@ class Worker {
                                     &ClientConnection::worker_hook>,
       boost::intrusive::constant_time_size<false>>
       connections_;
+  // Given back by connections that ended, at most kSpareRelayBuffers of them.
+  std::vector<std::unique_ptr<stream::Relay::Buffers>> spare_relay_buffers_;
   // Connections being opened by keep_warm, per origin.
   std::unordered_map<std::string, unsigned> warming_;
   Gateway& gateway_;

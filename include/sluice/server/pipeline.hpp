@@ -30,7 +30,7 @@ struct RequestContext {
   ClientRequest& request;
   boost::asio::ip::tcp::socket& client;
   SocketDeadline& client_deadline;        // the connection's; disarmed while no wait needs it
-  stream::Relay::Buffers& relay_buffers;  // reused by every request on the connection
+  stream::Relay::Buffers& relay_buffers;  // lent by the worker for the connection
   stream::ClientWatch& watch;             // the connection's, started for each proxied request
   auth::KeyMemo& key_memo;                // the key the connection presented last
   bool keep_alive = true;

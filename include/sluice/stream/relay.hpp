@@ -81,6 +81,9 @@ class Relay {
       if (read.empty()) read.resize(kFirstReadSize);
       return read;
     }
+    // Lets go of what a large body or head grew, keeping what an ordinary
+    // request needs, before the buffers serve another request.
+    void release_grown();
     std::vector<char> read;
     std::string head;
     // One read's body: views of the upstream connection's buffer, or of
