@@ -24,7 +24,7 @@ class DeadlineQueue : public boost::asio::execution_context::service {
 
   DeadlineQueue(const DeadlineQueue&) = delete;
   DeadlineQueue& operator=(const DeadlineQueue&) = delete;
-  ~DeadlineQueue() override { queued_.clear(); }
+  ~DeadlineQueue() override = default;
 
   // Puts `deadline` in its place for `when`, and wakes the loop by then.
   void queue(SocketDeadline& deadline, TimePoint when) {

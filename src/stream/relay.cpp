@@ -83,11 +83,7 @@ net::const_buffer chunk_size_line(std::array<char, 20>& text, std::size_t size) 
 constexpr std::string_view kCrlf = "\r\n";
 constexpr std::string_view kLastChunk = "0\r\n\r\n";
 
-}  // namespace
-
-namespace {
-
-// Past these a buffer is not kept between requests.
+// Past these a buffer is not kept for the next connection.
 constexpr std::size_t kKeptHeadBytes = 4096;
 constexpr std::size_t kKeptViews = 64;
 

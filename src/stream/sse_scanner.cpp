@@ -635,9 +635,8 @@ std::size_t SseScanner::take_whole_data_events() {
       dropped = !probe_.rules_out(payload);
     }
     if (dropped) {
-      ++stripped_events_;
-      if (at > run_start_) out_->push_back(piece.substr(run_start_, at - run_start_));
-      run_start_ = end;
+      hold_start_ = at;
+      drop_held(end, false);
     }
     at = end;
   }

@@ -82,7 +82,7 @@ class Relay {
       return read;
     }
     // Lets go of what a large body or head grew, keeping what an ordinary
-    // request needs, before the buffers serve another request.
+    // request needs, before the buffers serve another connection.
     void release_grown();
     std::vector<char> read;
     std::string head;
