@@ -143,9 +143,12 @@ class Worker {
   upstream::Pool pool_;
   upstream::Client client_;
   // One thread runs it and only that thread touches its sockets and timers
-  // (new connections are handed over as descriptors), so the reactor's
-  // per-socket locks are switched off; posting from other threads stays safe.
-  boost::asio::io_context context_{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
+  // (new connections are handed over as descriptors, and the listener is
+  // registered before the thread starts), so the reactor takes no locks:
+  // neither per socket operation nor to register a socket or arm a timer.
+  // Only the scheduler locks, because other threads post to it.
+  boost::asio::io_context context_{static_cast<int>(BOOST_ASIO_CONCURRENCY_HINT_ID |
+                                                    BOOST_ASIO_CONCURRENCY_HINT_LOCKING_SCHEDULER)};
   Xorshift64Star random_;  // per worker: no shared state on the request path
   EventLoopCounters loop_counters_;
   std::thread thread_;
