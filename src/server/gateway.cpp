@@ -285,27 +285,41 @@ class AcceptedDescriptor {
   int descriptor_;
 };
 
+// On `worker`'s thread: serves the connection, or answers it 503.
+void take_connection(Gateway& gateway, Worker& worker, AcceptedDescriptor accepted, tcp protocol,
+                     bool refused) {
+  auto socket = accepted.into_socket(worker.context(), protocol);
+  if (!socket) {
+    if (!refused) gateway.open_connections().fetch_sub(1, std::memory_order_relaxed);
+    return;
+  }
+  if (refused) {
+    net::co_spawn(worker.context(), refuse_connection(std::move(*socket)), net::detached);
+  } else {
+    net::co_spawn(worker.context(), serve_connection(worker, std::move(*socket)), net::detached);
+  }
+}
+
 // Hands a connection to `worker`, to be served, or answered 503 when the
 // gateway holds server.max_connections already. Runs on the accepting
 // worker's thread, the only one that adds to the count.
-void admit(Gateway& gateway, const Worker& accepting, Worker& worker, AcceptedDescriptor accepted,
+void admit(Gateway& gateway, Worker& accepting, Worker& worker, AcceptedDescriptor accepted,
            tcp protocol) {
   const auto limit = accepting.snapshot()->config->server.max_connections;
   const bool refused = gateway.open_connections().load(std::memory_order_relaxed) >= limit;
   if (!refused) gateway.open_connections().fetch_add(1, std::memory_order_relaxed);
-  net::post(worker.context(), [&gateway, &worker, refused, protocol,
-                               accepted = std::move(accepted)]() mutable {
-    auto socket = accepted.into_socket(worker.context(), protocol);
-    if (!socket) {
-      if (!refused) gateway.open_connections().fetch_sub(1, std::memory_order_relaxed);
-      return;
-    }
-    if (refused) {
-      net::co_spawn(worker.context(), refuse_connection(std::move(*socket)), net::detached);
-    } else {
-      net::co_spawn(worker.context(), serve_connection(worker, std::move(*socket)), net::detached);
-    }
-  });
+  // A connection the accepting worker keeps starts at once: a trip through
+  // its queue would cost an operation's allocation and a turn of the loop.
+  // It runs until its first wait (most often through its first request,
+  // which came with the connection) before the next one is taken.
+  if (&worker == &accepting) {
+    take_connection(gateway, worker, std::move(accepted), protocol, refused);
+    return;
+  }
+  net::post(worker.context(),
+            [&gateway, &worker, refused, protocol, accepted = std::move(accepted)]() mutable {
+              take_connection(gateway, worker, std::move(accepted), protocol, refused);
+            });
 }
 
 // Connections that arrive together are taken without waiting for each: at
@@ -315,7 +329,7 @@ constexpr int kAcceptsPerWakeup = 64;
 
 // One worker accepts for all and hands the connections round, so that each
 // worker serves as many as the others, whatever their addresses.
-net::awaitable<void> accept_connections(Gateway& gateway, const Worker& accepting,
+net::awaitable<void> accept_connections(Gateway& gateway, Worker& accepting,
                                         tcp::acceptor& acceptor) {
   auto& workers = gateway.workers();
   const tcp protocol = acceptor.local_endpoint().protocol();
