@@ -1,5 +1,6 @@
 #include "sluice/common/socket_deadline.hpp"
 
+#include <atomic>
 #include <boost/asio/execution/context.hpp>
 #include <boost/asio/execution_context.hpp>
 #include <boost/asio/io_context.hpp>
@@ -7,8 +8,18 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/intrusive/set.hpp>
+#include <cstdint>
 
 namespace sluice {
+
+namespace {
+
+// Counts the queues that have shut down, so that a thread never takes a
+// queue it remembers for a context that has since gone away (and whose
+// address a new context may have taken); see queue_of.
+std::atomic<std::uint64_t> queues_shut_down{0};
+
+}  // namespace
 
 namespace detail {
 
@@ -60,6 +71,7 @@ class DeadlineQueue : public boost::asio::execution_context::service {
   void shutdown() override {
     shut_down_ = true;
     queued_.clear();
+    queues_shut_down.fetch_add(1, std::memory_order_release);
   }
 
   // Most deadlines are now plus a timeout, and so later than every one
@@ -106,10 +118,31 @@ class DeadlineQueue : public boost::asio::execution_context::service {
 
 }  // namespace detail
 
+namespace {
+
+// Finding a context's service takes the context's registry lock and a walk
+// of its services, for every connection on both sides. A thread runs one
+// context, so the queue it found last is nearly always the one it needs.
+detail::DeadlineQueue& queue_of(boost::asio::execution_context& context) {
+  struct Remembered {
+    const boost::asio::execution_context* context = nullptr;
+    detail::DeadlineQueue* queue = nullptr;
+    std::uint64_t shut_down_before = 0;
+  };
+  thread_local Remembered last;
+  const auto shut_down_now = queues_shut_down.load(std::memory_order_acquire);
+  if (last.context != &context || last.shut_down_before != shut_down_now) {
+    last = {&context, &boost::asio::use_service<detail::DeadlineQueue>(context), shut_down_now};
+  }
+  return *last.queue;
+}
+
+}  // namespace
+
 SocketDeadline::SocketDeadline(boost::asio::ip::tcp::socket& socket)
     : socket_(socket),
-      queue_(&boost::asio::use_service<detail::DeadlineQueue>(
-          boost::asio::query(socket.get_executor(), boost::asio::execution::context))) {}
+      queue_(
+          &queue_of(boost::asio::query(socket.get_executor(), boost::asio::execution::context))) {}
 
 // Unlinked, it may outlive its queue: the queue unlinks every deadline when
 // its context shuts down.

@@ -1,7 +1,8 @@
 // SocketDeadline: a read pending past the deadline ends as a timeout; moving
 // the deadline later keeps it pending; no deadline lets it wait; destroying
 // the deadline with its timer armed is harmless; the deadlines of several
-// sockets share their context's queue. read_http parses what is
+// sockets share their context's queue, and a context made where an ended one
+// was gets a queue of its own. read_http parses what is
 // buffered without reading and maps the end of the stream as Beast does.
 #include "sluice/common/socket_deadline.hpp"
 
@@ -199,6 +200,42 @@ TEST(SocketDeadline, DestroyedWithItsContextWhileQueued) {
     EXPECT_FALSE(destroyed);
   }
   EXPECT_TRUE(destroyed);
+}
+
+// A thread remembers the deadline queue it found last. A context made where
+// an ended one was (the same address, on the same thread) has a queue of its
+// own, and its deadlines fire through it; the ended context's queue is gone
+// (under AddressSanitizer, a deadline that reached it is a use after free).
+TEST(SocketDeadline, ContextMadeWhereAnEndedOneWasHasItsOwnQueue) {
+  std::optional<net::io_context> context;
+  const net::io_context* first_address = nullptr;
+  for (int generation = 0; generation < 3; ++generation) {
+    context.emplace();
+    if (generation == 0) first_address = &*context;
+    ASSERT_EQ(&*context, first_address);  // the same storage every time
+    {
+      tcp::acceptor acceptor(*context, {net::ip::make_address("127.0.0.1"), 0});
+      tcp::socket socket(*context);
+      socket.connect(acceptor.local_endpoint());
+      auto peer = acceptor.accept();
+      SocketDeadline deadline(socket);
+      error_code result;
+      const auto started = Clock::now();
+      TimePoint ended;
+      net::co_spawn(
+          *context,
+          [&]() -> net::awaitable<void> {
+            deadline.expires_after(30ms);
+            result = co_await read_one(socket, deadline);
+            ended = Clock::now();
+          },
+          net::detached);
+      context->run_for(2s);
+      EXPECT_EQ(result, beast::error::timeout) << "generation " << generation;
+      EXPECT_LT(ended - started, 2s) << "generation " << generation;
+    }
+    context.reset();
+  }
 }
 
 TEST(ReadHttp, BufferedRequestIsParsedWithoutReading) {
