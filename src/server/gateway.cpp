@@ -179,7 +179,7 @@ metrics::AccessLogOptions access_log_options(const config::Config& config) {
 }
 }  // namespace
 
-Gateway::Gateway(config::ConfigPtr config)
+Gateway::Gateway(const config::ConfigPtr& config)
     : registry_(thread_count(*config)), dns_(config->upstream.dns_ttl) {
   metrics::GatewayMetricsSources sources;
   // Read at scrape time from the admin thread: the pool gauges and the
@@ -225,7 +225,7 @@ std::string Gateway::listen_url() const {
          std::to_string(bound_port_);
 }
 
-std::vector<std::string> Gateway::apply(config::ConfigPtr config) {
+std::vector<std::string> Gateway::apply(const config::ConfigPtr& config) {
   auto next = Snapshot::build(config, *metrics_, snapshot().get());
   {
     std::lock_guard lock(snapshot_mutex_);

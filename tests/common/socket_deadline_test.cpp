@@ -34,7 +34,7 @@ using namespace std::chrono_literals;
 using net::ip::tcp;
 
 net::awaitable<error_code> read_one(tcp::socket& socket, SocketDeadline& deadline) {
-  char byte;
+  char byte = 0;
   auto [ec, n] =
       co_await socket.async_read_some(net::buffer(&byte, 1), net::as_tuple(net::use_awaitable));
   co_return deadline.translate(ec);
@@ -109,7 +109,7 @@ TEST(SocketDeadline, DestroyedWhileArmedDoesNothingLater) {
   error_code result;
   pair.run([&]() -> net::awaitable<void> {
     pair.write_after(100ms, "x");
-    char byte;
+    char byte = 0;
     auto [ec, n] = co_await pair.ours.async_read_some(net::buffer(&byte, 1),
                                                       net::as_tuple(net::use_awaitable));
     result = ec;

@@ -166,7 +166,7 @@ struct ReloadOutcome {
 // the binary and, in-process, by the integration tests.
 class Gateway {
  public:
-  explicit Gateway(config::ConfigPtr config);
+  explicit Gateway(const config::ConfigPtr& config);
   ~Gateway();
   Gateway(const Gateway&) = delete;
   Gateway& operator=(const Gateway&) = delete;
@@ -195,7 +195,7 @@ class Gateway {
   // returns is served by `config`; a worker must therefore never call it.
   // Returns the YAML paths of the settings taken at start that `config`
   // changes (config::start_only_changes), which keep their running values.
-  std::vector<std::string> apply(config::ConfigPtr config);
+  std::vector<std::string> apply(const config::ConfigPtr& config);
 
   std::atomic<unsigned>& open_connections() { return open_connections_; }
   metrics::Registry& registry() { return registry_; }
