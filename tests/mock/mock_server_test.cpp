@@ -399,6 +399,68 @@ TEST(MockServer, StreamEventsArriveOneByOneAtTheInterval) {
   EXPECT_TRUE(eventually([&] { return mock->stats().streams_completed == 1; }, 1s));
 }
 
+TEST(MockServer, StampedEventsOpenWithTheirSendTime) {
+  Behaviour behaviour;
+  behaviour.tokens = 3;
+  behaviour.interval = 50ms;
+  auto mock = start_mock(behaviour);
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+  auto steady_ns = [] {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+            .count());
+  };
+
+  const std::uint64_t before = steady_ns();
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/chat/completions",
+                           chat_body("stamped", true).dump(), {{"x-mock-stamp", "1"}}));
+  ASSERT_FALSE(client.read_stream_head()) << client.last_error().message();
+  std::vector<std::string> events;
+  std::vector<std::uint64_t> arrivals;
+  while (auto event = client.next_event()) {
+    arrivals.push_back(steady_ns());
+    events.push_back(*event);
+  }
+  ASSERT_TRUE(client.stream_done()) << client.last_error().message();
+
+  ASSERT_EQ(events.size(), 5u);  // 3 tokens, finish, [DONE]
+  std::uint64_t previous = before;
+  for (std::size_t i = 0; i < 4; ++i) {
+    ASSERT_TRUE(events[i].starts_with(R"(data: {"sent_ns":)")) << events[i];
+    const Json chunk = event_data(events[i]);
+    const auto sent = chunk["sent_ns"].get<std::uint64_t>();
+    // Sent after the request and the event before it, before its arrival.
+    EXPECT_GE(sent, previous) << "event " << i;
+    EXPECT_LE(sent, arrivals[i]) << "event " << i;
+    if (i > 0) {
+      EXPECT_GE(sent - previous, 40'000'000u) << "event " << i << ": 50 ms apart";
+    }
+    previous = sent;
+    // The rest of the chunk is untouched.
+    EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+    EXPECT_EQ(chunk["model"], "stamped");
+  }
+  EXPECT_TRUE(event_data(events[4]).is_null());  // [DONE]
+
+  // Unasked, events carry no stamp; a value other than 0 or 1 is refused.
+  ASSERT_FALSE(
+      client.send(http::verb::post, "/v1/chat/completions", chat_body("plain", true).dump()));
+  ASSERT_FALSE(client.read_stream_head());
+  auto plain = client.next_event();
+  ASSERT_TRUE(plain);
+  EXPECT_FALSE(event_data(*plain).contains("sent_ns"));
+  while (client.next_event()) {
+  }
+  EXPECT_EQ(client.post("/v1/chat/completions", chat_body("m", true), {{"x-mock-stamp", "yes"}})
+                .result_int(),
+            400);
+  // POST /mock/behaviour turns it on for every later stream.
+  EXPECT_EQ(client.post("/mock/behaviour", {{"stamp", true}}).result_int(), 204);
+  EXPECT_TRUE(mock->behaviour().stamp);
+  EXPECT_EQ(client.post("/mock/behaviour", {{"stamp", 1}}).result_int(), 400);
+}
+
 TEST(MockServer, IncludeUsageAddsAUsageChunkBeforeDone) {
   Behaviour behaviour;
   behaviour.tokens = 2;

@@ -281,6 +281,7 @@ class ThreadRun {
     Clock::time_point now{};
     Clock::time_point first_body_at{};
     Clock::time_point last_event_at{};
+    Clock::time_point last_sent_at{};  // the previous event's stamp, if it had one
     bool have_body = false;
     bool have_event = false;
     std::uint64_t body_bytes = 0;
@@ -295,13 +296,26 @@ class ThreadRun {
         first_body_at = now;
       }
       body_bytes += size;
-      scanner.scan(data, size, [&] {
+      scanner.scan(data, size, [&](std::uint64_t sent_ns) {
         ++events;
-        if (have_event && record_gaps && parser.status() / 100 == 2) {
+        const bool recording = record_gaps && parser.status() / 100 == 2;
+        const Clock::time_point sent_at{std::chrono::nanoseconds(sent_ns)};
+        if (recording && have_event) {
           result_.gap.record(nanoseconds_between(last_event_at, now));
+        }
+        if (recording && sent_ns != 0) {
+          result_.delay.record(nanoseconds_between(sent_at, now));
+          // Measured from when the event would have arrived had the path
+          // kept the gap it was sent with. A gap that arrived shorter (two
+          // events in one read) is no stall: nothing added.
+          if (have_event && last_sent_at != Clock::time_point{}) {
+            const Clock::time_point kept_gap_at = last_event_at + (sent_at - last_sent_at);
+            result_.stretch.record(nanoseconds_between(kept_gap_at, now));
+          }
         }
         have_event = true;
         last_event_at = now;
+        last_sent_at = sent_ns != 0 ? sent_at : Clock::time_point{};
       });
     };
 
@@ -455,6 +469,8 @@ void RunResult::merge(const RunResult& other) {
   ttft.merge(other.ttft);
   total.merge(other.total);
   gap.merge(other.gap);
+  delay.merge(other.delay);
+  stretch.merge(other.stretch);
   ok += other.ok;
   body_bytes += other.body_bytes;
   events += other.events;

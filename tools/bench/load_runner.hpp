@@ -31,6 +31,10 @@ struct RunResult {
   LatencyHistogram ttft;   // start -> first body byte
   LatencyHistogram total;  // start -> last byte
   LatencyHistogram gap;    // between consecutive SSE event ends
+  // Only for events the mock stamped with its send time (x-mock-stamp: 1),
+  // which the steady clock makes comparable on one machine:
+  LatencyHistogram delay;    // the mock's write of an event -> its arrival here
+  LatencyHistogram stretch;  // how much longer a gap arrived than it was sent
   std::uint64_t ok = 0;
   std::uint64_t body_bytes = 0;
   std::uint64_t events = 0;

@@ -43,6 +43,11 @@ Load options:
   --body-file FILE       send this body instead of a generated one
   --threads T            load generator threads, each with its own event loop (1)
 
+Streams whose events the mock stamps with its send time (-H 'x-mock-stamp: 1';
+the mock on this machine) also report each event's delay (the mock's write to
+its arrival here) and gap stretch (how much longer each gap arrived than it
+was sent): what the path adds per token, free of the mock's own timer jitter.
+
 Output:
   --json FILE            also write the results as JSON
   --hdr-out FILE         write the cumulative distributions (gnuplot data sets:

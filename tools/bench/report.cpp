@@ -16,9 +16,9 @@ double to_microseconds(std::uint64_t nanoseconds) {
 void print_latency_row(std::ostream& out, const char* label, const LatencySummary& latency) {
   char line[160];
   if (latency.count == 0) {
-    std::snprintf(line, sizeof line, "  %-6s %12s\n", label, "-");
+    std::snprintf(line, sizeof line, "  %-7s %12s\n", label, "-");
   } else {
-    std::snprintf(line, sizeof line, "  %-6s %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %10llu\n",
+    std::snprintf(line, sizeof line, "  %-7s %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f %10llu\n",
                   label, latency.p50, latency.p90, latency.p99, latency.p999, latency.max,
                   latency.mean, static_cast<unsigned long long>(latency.count));
   }
@@ -51,6 +51,8 @@ RunSummary summarize(const RunResult& result) {
   summary.ttft = summarize(result.ttft);
   summary.total = summarize(result.total);
   summary.gap = summarize(result.gap);
+  summary.delay = summarize(result.delay);
+  summary.stretch = summarize(result.stretch);
   summary.requests_per_second = result.requests_per_second;
   summary.measured_seconds = result.measured_seconds;
   summary.ok = result.ok;
@@ -90,6 +92,9 @@ void print_run(std::ostream& out, const std::string& url, const LoadOptions& opt
   print_latency_row(out, "ttft", summary.ttft);
   print_latency_row(out, "total", summary.total);
   print_latency_row(out, "gap", summary.gap);
+  // Only stamped streams have these.
+  if (summary.delay.count > 0) print_latency_row(out, "delay", summary.delay);
+  if (summary.stretch.count > 0) print_latency_row(out, "stretch", summary.stretch);
 }
 
 nlohmann::json to_json(const RunSummary& summary) {
@@ -108,7 +113,9 @@ nlohmann::json to_json(const RunSummary& summary) {
           {"peak_connections", summary.peak_connections},
           {"ttft_us", latency_json(summary.ttft)},
           {"total_us", latency_json(summary.total)},
-          {"gap_us", latency_json(summary.gap)}};
+          {"gap_us", latency_json(summary.gap)},
+          {"delay_us", latency_json(summary.delay)},
+          {"stretch_us", latency_json(summary.stretch)}};
 }
 
 void write_cdf_file(const std::string& path, const RunResult& result) {

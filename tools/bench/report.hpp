@@ -29,6 +29,8 @@ struct RunSummary {
   LatencySummary ttft;
   LatencySummary total;
   LatencySummary gap;
+  LatencySummary delay;
+  LatencySummary stretch;
   double requests_per_second = 0;
   double measured_seconds = 0;
   std::uint64_t ok = 0;

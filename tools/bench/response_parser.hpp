@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <utility>
 
 namespace sluice::bench {
 
@@ -98,35 +99,73 @@ class ResponseParser {
 };
 
 // Finds the ends of server-sent events (a blank line after a non-empty
-// event) in a body delivered in arbitrary pieces.
+// event), and the mock's send stamps in them, in a body delivered in
+// arbitrary pieces.
 class SseEventScanner {
  public:
   void reset() {
     at_line_start_ = true;
     event_has_content_ = false;
+    line_ = LineState::other;
+    stamp_ns_ = 0;
   }
 
-  // Calls on_event_end() once for every event completed inside the range.
+  // Calls on_event_end(sent_ns) once for every event completed inside the
+  // range. sent_ns is the stamp the mock puts first in an event's JSON
+  // (`data: {"sent_ns":N,...`, asked for with x-mock-stamp: 1), 0 when the
+  // event has none.
   template <class OnEventEnd>
   void scan(const char* data, std::size_t size, OnEventEnd&& on_event_end) {
     for (std::size_t i = 0; i < size; ++i) {
       const char c = data[i];
       if (c == '\n') {
+        if (line_ == LineState::stamp_digits) stamp_ns_ = digits_;
+        line_ = LineState::other;
         if (at_line_start_ && event_has_content_) {
           event_has_content_ = false;
-          on_event_end();
+          on_event_end(std::exchange(stamp_ns_, 0));
         }
         at_line_start_ = true;
-      } else if (c != '\r') {
-        at_line_start_ = false;
-        event_has_content_ = true;
+        continue;
       }
+      if (c == '\r') continue;
+      if (at_line_start_) {
+        at_line_start_ = false;
+        line_ = LineState::stamp_prefix;
+        matched_ = 0;
+      }
+      event_has_content_ = true;
+      if (line_ != LineState::other) read_stamp(c);
     }
   }
 
  private:
+  // A line is read for a stamp until it proves not to carry one.
+  enum class LineState : unsigned char { other, stamp_prefix, stamp_digits };
+  static constexpr std::string_view kStampPrefix = R"(data: {"sent_ns":)";
+
+  void read_stamp(char c) {
+    if (line_ == LineState::stamp_prefix) {
+      if (c != kStampPrefix[matched_]) {
+        line_ = LineState::other;
+      } else if (++matched_ == kStampPrefix.size()) {
+        line_ = LineState::stamp_digits;
+        digits_ = 0;
+      }
+    } else if (c >= '0' && c <= '9') {
+      digits_ = digits_ * 10 + static_cast<std::uint64_t>(c - '0');
+    } else {
+      stamp_ns_ = digits_;
+      line_ = LineState::other;
+    }
+  }
+
   bool at_line_start_ = true;
   bool event_has_content_ = false;
+  LineState line_ = LineState::other;
+  std::size_t matched_ = 0;
+  std::uint64_t digits_ = 0;
+  std::uint64_t stamp_ns_ = 0;
 };
 
 }  // namespace sluice::bench

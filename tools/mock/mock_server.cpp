@@ -609,7 +609,7 @@ class EventScript {
   // As OpenAI does: when the request asked for usage, every chunk before
   // the usage chunk carries "usage":null.
   void end_chunk(std::string& out) const {
-    out += plan_.include_usage ? R"(,"usage":null})" "\n\n" : "}\n\n";
+    out += plan_.include_usage ? ",\"usage\":null}\n\n" : "}\n\n";
   }
 
  private:
@@ -617,6 +617,24 @@ class EventScript {
   std::string prefix_;  // everything of a chunk up to the choices array
   std::size_t count_ = 0;
 };
+
+// Opens the event's JSON object with "sent_ns": the steady clock now, read
+// as late as possible: just before the event is framed and written. Events
+// without a JSON object ([DONE]) stay as they are.
+void stamp_event(std::string& event) {
+  constexpr std::string_view kDataObject = "data: {";
+  const auto at = event.find(kDataObject);
+  if (at == std::string::npos) return;
+  const auto sent_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  constexpr std::string_view kKey = R"("sent_ns":)";
+  char stamp[48];
+  std::memcpy(stamp, kKey.data(), kKey.size());
+  auto [end, error] = std::to_chars(stamp + kKey.size(), stamp + sizeof stamp - 1, sent_ns);
+  if (error != std::errc{}) return;
+  *end++ = ',';
+  event.insert(at + kDataObject.size(), stamp, static_cast<std::size_t>(end - stamp));
+}
 
 // ---------------------------------------------------------------------------
 // Behaviour overrides
@@ -669,6 +687,10 @@ std::optional<std::string> apply_header_overrides(const http::fields& fields,
   if (auto value = header("x-mock-fail")) {
     if (!parse_fail_mode(*value)) return invalid("x-mock-fail");
     behaviour.fail.assign(value->data(), value->size());
+  }
+  if (auto value = header("x-mock-stamp")) {
+    if (*value != "0" && *value != "1") return invalid("x-mock-stamp");
+    behaviour.stamp = *value == "1";
   }
   if (auto value = header("x-mock-fail-rate")) {
     auto rate = parse_rate(*value);
@@ -729,6 +751,9 @@ std::optional<std::string> apply_behaviour_json(const Json& document, Behaviour&
     } else if (key == "fail_rate") {
       ok = value.is_number() && value.get<double>() >= 0.0 && value.get<double>() <= 1.0;
       if (ok) behaviour.fail_rate = value.get<double>();
+    } else if (key == "stamp") {
+      ok = value.is_boolean();
+      if (ok) behaviour.stamp = value.get<bool>();
     } else {
       return "unknown behaviour field '" + key + "'";
     }
@@ -748,6 +773,7 @@ Json behaviour_json(const Behaviour& behaviour) {
       {"fail_rate", behaviour.fail_rate},
       {"retry_after", behaviour.retry_after_s},
       {"dims", behaviour.dims},
+      {"stamp", behaviour.stamp},
   };
 }
 
@@ -1369,6 +1395,7 @@ class Connection final : public ConnectionHandle,
     append_stream_head(out_, keep_alive);
     event_.clear();
     script.append_event(0, event_);
+    if (plan.behaviour.stamp) stamp_event(event_);
     append_chunk(out_, event_);
     const bool first_is_last = finishes && total == 1;
     if (first_is_last) out_ += kLastChunk;
@@ -1388,6 +1415,7 @@ class Connection final : public ConnectionHandle,
       } else {
         script.append_event(index, event_);
       }
+      if (plan.behaviour.stamp) stamp_event(event_);
       out_.clear();
       append_chunk(out_, event_);
       const bool last = finishes && index + 1 == total;

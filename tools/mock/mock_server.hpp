@@ -40,6 +40,10 @@ struct Behaviour {
   unsigned retry_after_s = 1;
   // x-mock-dims: embedding dimensions.
   unsigned dims = 16;
+  // x-mock-stamp: 1 starts each streamed event's JSON with "sent_ns": the
+  // steady clock's nanoseconds when the event was handed to the socket, so a
+  // client on this machine can tell the path's delay from the mock's timing.
+  bool stamp = false;
 };
 
 // True for "" and every failure mode listed on Behaviour::fail.
