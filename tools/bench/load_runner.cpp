@@ -112,11 +112,20 @@ class ThreadRun {
     unsigned connections = options_.concurrency / thread_count_;
     if (index_ < options_.concurrency % thread_count_) ++connections;
     for (unsigned i = 0; i < connections; ++i) {
-      launch(closed_loop_worker(add_connection()), true);
+      // Connection i of this thread is connection index_ + i * threads of
+      // the whole run.
+      const auto position = static_cast<double>(index_ + i * thread_count_);
+      const auto start_after = std::chrono::duration_cast<Clock::duration>(
+          options_.ramp * (position / static_cast<double>(options_.concurrency)));
+      launch(closed_loop_worker(add_connection(), start_after), true);
     }
   }
 
-  awaitable<void> closed_loop_worker(Connection& connection) {
+  awaitable<void> closed_loop_worker(Connection& connection, Clock::duration start_after) {
+    if (start_after > Clock::duration::zero()) {
+      asio::steady_timer ramp(io_, plan_.start + start_after);
+      co_await ramp.async_wait(use_tuple);
+    }
     for (;;) {
       const auto now = Clock::now();
       if (now >= plan_.deadline) break;

@@ -38,6 +38,8 @@ Load options:
                          are allowed to finish
   --requests N, -n N     measure N requests instead of a duration
   --warmup DUR           unmeasured time before measuring (default 1s)
+  --ramp DUR             closed loop: start the N connections evenly over DUR
+                         instead of all at once (e.g. streams out of step)
   --timeout DUR          per-request limit (default 30s)
   --header 'k: v', -H    extra request header (repeatable)
   --body-file FILE       send this body instead of a generated one

@@ -183,6 +183,8 @@ bool parse_load_option(ArgumentCursor& cursor, LoadOptions& options) {
     options.requests = parse_count(name, cursor.value(), 1);
   } else if (name == "--warmup") {
     options.warmup = parse_duration_option(name, cursor.value());
+  } else if (name == "--ramp") {
+    options.ramp = parse_duration_option(name, cursor.value());
   } else if (name == "--timeout") {
     options.timeout = parse_duration_option(name, cursor.value());
   } else if (name == "--model") {
@@ -217,6 +219,9 @@ void validate(LoadOptions& options) {
     throw UsageError{"--duration must be positive"};
   }
   if (options.timeout <= Clock::duration::zero()) throw UsageError{"--timeout must be positive"};
+  if (options.ramp > Clock::duration::zero() && options.open_loop()) {
+    throw UsageError{"--ramp staggers closed-loop connections; an open loop has its schedule"};
+  }
   // A closed-loop thread without a connection would only idle.
   if (!options.open_loop() && options.threads > options.concurrency) {
     options.threads = options.concurrency;
@@ -265,6 +270,9 @@ std::string describe(const LoadOptions& options) {
          << " connections)";
   } else {
     text << "closed loop, concurrency " << options.concurrency;
+    if (options.ramp > Clock::duration::zero()) {
+      text << " started over " << format_duration(options.ramp);
+    }
   }
   text << (options.stream ? ", streaming" : ", non-streaming");
   if (options.requests > 0) {

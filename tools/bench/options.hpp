@@ -41,6 +41,9 @@ struct LoadOptions {
   Clock::duration duration = std::chrono::seconds(5);
   std::uint64_t requests = 0;  // when > 0, replaces duration
   Clock::duration warmup = std::chrono::seconds(1);
+  // Closed loop: connection k of N sends its first request k*ramp/N after
+  // the start, so that streams do not run in step.
+  Clock::duration ramp{};
   Clock::duration timeout = std::chrono::seconds(30);
   std::string model;
   std::vector<std::string> headers;  // "name: value"

@@ -1,0 +1,119 @@
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "load_runner.hpp"
+#include "mock/mock_server.hpp"
+#include "options.hpp"
+
+namespace sluice::bench {
+namespace {
+
+using namespace std::chrono_literals;
+using mock::Behaviour;
+using mock::MockServer;
+
+std::unique_ptr<MockServer> start_mock(const Behaviour& behaviour) {
+  MockServer::Options options;
+  options.behaviour = behaviour;
+  auto server = std::make_unique<MockServer>(std::move(options));
+  server->start();
+  return server;
+}
+
+HttpUrl chat_url(const MockServer& mock) {
+  std::string why;
+  auto url = parse_http_url(mock.base_url() + "/chat/completions", why);
+  EXPECT_TRUE(url) << why;
+  return url.value_or(HttpUrl{});
+}
+
+RunResult run(const MockServer& mock, LoadOptions options) {
+  options.model = "bench-model";
+  validate(options);
+  const HttpUrl url = chat_url(mock);
+  return run_load(url, options, build_request(url, options));
+}
+
+LoadOptions two_streams() {
+  LoadOptions options;
+  options.stream = true;
+  options.concurrency = 1;
+  options.requests = 2;
+  options.warmup = 0s;
+  options.timeout = 10s;
+  return options;
+}
+
+TEST(LoadRunner, StampedEventsGiveADelayEachAndAStretchPerGap) {
+  Behaviour behaviour;
+  behaviour.tokens = 3;
+  behaviour.interval = 10ms;
+  auto mock = start_mock(behaviour);
+
+  LoadOptions options = two_streams();
+  options.headers.push_back("x-mock-stamp: 1");
+  const RunResult stamped = run(*mock, options);
+  EXPECT_EQ(stamped.ok, 2u);
+  EXPECT_EQ(stamped.error_count(), 0u);
+  // Per stream: 3 tokens and the finish chunk are stamped, [DONE] is not.
+  EXPECT_EQ(stamped.gap.count(), 8u);
+  EXPECT_EQ(stamped.delay.count(), 8u);
+  EXPECT_EQ(stamped.stretch.count(), 6u);
+  // The mock's write to the arrival here: more than nothing, far less than
+  // the 10 ms between events.
+  EXPECT_GT(stamped.delay.min(), 0u);
+  EXPECT_LT(stamped.delay.percentile(0.5), 10'000'000u);
+
+  const RunResult plain = run(*mock, two_streams());
+  EXPECT_EQ(plain.ok, 2u);
+  EXPECT_EQ(plain.gap.count(), 8u);
+  EXPECT_EQ(plain.delay.count(), 0u);
+  EXPECT_EQ(plain.stretch.count(), 0u);
+}
+
+// How many connections the mock has accepted 150 ms into a closed-loop run
+// of 4 connections, and the run's result.
+std::pair<std::uint64_t, RunResult> accepted_early(Clock::duration ramp) {
+  Behaviour behaviour;
+  behaviour.ttft = 50ms;  // keeps the closed loop from spinning
+  auto mock = start_mock(behaviour);
+  LoadOptions options;
+  options.concurrency = 4;
+  options.ramp = ramp;
+  options.warmup = 0s;
+  options.duration = ramp > Clock::duration::zero() ? 2500ms : 500ms;
+  RunResult result;
+  std::thread load([&] { result = run(*mock, options); });
+  std::this_thread::sleep_for(150ms);
+  const std::uint64_t early = mock->stats().connections_accepted;
+  load.join();
+  EXPECT_EQ(mock->stats().connections_accepted, 4u);
+  return {early, std::move(result)};
+}
+
+TEST(LoadRunner, RampStartsClosedLoopConnectionsEvenlyOverItsDuration) {
+  // Connections start 0, 0.5, 1 and 1.5 s in: at 150 ms only the first.
+  auto [ramped_early, ramped] = accepted_early(2s);
+  EXPECT_LE(ramped_early, 2u);
+  EXPECT_GT(ramped.ok, 0u);
+  EXPECT_EQ(ramped.error_count(), 0u);
+
+  auto [together_early, together] = accepted_early(Clock::duration::zero());
+  EXPECT_EQ(together_early, 4u);
+  EXPECT_GT(together.ok, 0u);
+}
+
+TEST(LoadRunner, RampIsForTheClosedLoopOnly) {
+  LoadOptions options;
+  options.model = "m";
+  options.rate = 100;
+  options.ramp = 1s;
+  EXPECT_THROW(validate(options), UsageError);
+}
+
+}  // namespace
+}  // namespace sluice::bench
