@@ -53,30 +53,27 @@ struct Metric {
   bool baseline_is_zero = false;
 };
 
-// A run without a single successful request has no latency to show.
-double if_measured(const LatencySummary& latency, double value) {
-  return latency.count > 0 ? value : kMissing;
+// One percentile of one of a round's latency distributions; missing when the
+// run had no successful request to measure it on.
+template <LatencySummary RunSummary::*Distribution, double LatencySummary::*Percentile>
+double latency_figure(const RoundValue& round) {
+  const LatencySummary& latency = round.summary.*Distribution;
+  return latency.count > 0 ? latency.*Percentile : kMissing;
 }
 
 const Metric kMetrics[] = {
-    {"TTFT p50 (µs)", "ttft_p50_us",
-     [](const RoundValue& v) { return if_measured(v.summary.ttft, v.summary.ttft.p50); }},
-    {"TTFT p99 (µs)", "ttft_p99_us",
-     [](const RoundValue& v) { return if_measured(v.summary.ttft, v.summary.ttft.p99); }},
-    {"total p50 (µs)", "total_p50_us",
-     [](const RoundValue& v) { return if_measured(v.summary.total, v.summary.total.p50); }},
-    {"total p99 (µs)", "total_p99_us",
-     [](const RoundValue& v) { return if_measured(v.summary.total, v.summary.total.p99); }},
-    {"gap p50 (µs)", "gap_p50_us",
-     [](const RoundValue& v) { return if_measured(v.summary.gap, v.summary.gap.p50); }},
-    {"gap p99 (µs)", "gap_p99_us",
-     [](const RoundValue& v) { return if_measured(v.summary.gap, v.summary.gap.p99); }},
+    {"TTFT p50 (µs)", "ttft_p50_us", latency_figure<&RunSummary::ttft, &LatencySummary::p50>},
+    {"TTFT p99 (µs)", "ttft_p99_us", latency_figure<&RunSummary::ttft, &LatencySummary::p99>},
+    {"total p50 (µs)", "total_p50_us", latency_figure<&RunSummary::total, &LatencySummary::p50>},
+    {"total p99 (µs)", "total_p99_us", latency_figure<&RunSummary::total, &LatencySummary::p99>},
+    {"gap p50 (µs)", "gap_p50_us", latency_figure<&RunSummary::gap, &LatencySummary::p50>},
+    {"gap p99 (µs)", "gap_p99_us", latency_figure<&RunSummary::gap, &LatencySummary::p99>},
     {"event delay p50 (µs)", "delay_p50_us",
-     [](const RoundValue& v) { return if_measured(v.summary.delay, v.summary.delay.p50); }},
+     latency_figure<&RunSummary::delay, &LatencySummary::p50>},
     {"event delay p99 (µs)", "delay_p99_us",
-     [](const RoundValue& v) { return if_measured(v.summary.delay, v.summary.delay.p99); }},
+     latency_figure<&RunSummary::delay, &LatencySummary::p99>},
     {"gap stretch p99 (µs)", "stretch_p99_us",
-     [](const RoundValue& v) { return if_measured(v.summary.stretch, v.summary.stretch.p99); }},
+     latency_figure<&RunSummary::stretch, &LatencySummary::p99>},
     {"req/s", "requests_per_second",
      [](const RoundValue& v) { return v.summary.requests_per_second; }, true},
     {"CPU µs/req", "cpu_us_per_request", [](const RoundValue& v) { return v.cpu_us_per_request; },
