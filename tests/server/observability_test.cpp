@@ -2,8 +2,11 @@
 // the access log and trace context.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <sstream>
 
@@ -193,6 +196,16 @@ TEST(Observability, ServerTimingOnEveryResponse) {
   EXPECT_NE(error.header("server-timing").find("gateway;dur="), std::string::npos);
 }
 
+// "2024-05-01T12:34:56.789Z", as the access log writes it.
+std::optional<std::chrono::system_clock::time_point> parse_log_time(const std::string& text) {
+  std::tm fields{};
+  const char* rest = strptime(text.c_str(), "%Y-%m-%dT%H:%M:%S", &fields);
+  unsigned millis = 0;
+  if (rest == nullptr || std::sscanf(rest, ".%3uZ", &millis) != 1) return std::nullopt;
+  return std::chrono::system_clock::from_time_t(timegm(&fields)) +
+         std::chrono::milliseconds(millis);
+}
+
 TEST(Observability, AccessLogLinesForStreamedAndFailedOverRequests) {
   mock::Behaviour failing;
   failing.fail = "500";
@@ -204,9 +217,14 @@ TEST(Observability, AccessLogLinesForStreamedAndFailedOverRequests) {
       "\nmodels:\n  - name: chat\n    strategy: priority\n    deployments:\n" +
       deployment_yaml("broken", broken->base_url()) +
       deployment_yaml("healthy", healthy->base_url()));
+  const auto sent_at = std::chrono::system_clock::now();
+  // Each upstream waits before its head, so the request takes long enough
+  // for its log time to tell its start from its end.
   auto response =
       http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true),
-                   {{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}});
+                   {{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+                    {"x-mock-ttft-ms", "30"}});
+  const auto answered_at = std::chrono::system_clock::now();
   ASSERT_EQ(response.status, 200u);
 
   // The trace goes upstream under the same trace id, as a new hop.
@@ -234,9 +252,19 @@ TEST(Observability, AccessLogLinesForStreamedAndFailedOverRequests) {
   EXPECT_EQ(record["attempts"][1]["deployment"], "healthy");
   EXPECT_EQ(record["attempts"][1]["outcome"], "ok");
   EXPECT_TRUE(record["ttft_ms"].is_number());
-  EXPECT_TRUE(record["total_ms"].is_number());
+  ASSERT_TRUE(record["total_ms"].is_number());
+  EXPECT_GE(record["total_ms"].get<double>(), 30.0);
   EXPECT_TRUE(record["gateway_overhead_us"].is_number());
   EXPECT_TRUE(record.contains("gap_p50_ms"));
+  // The line's time is when the request arrived, not when its answer ended.
+  auto logged_at = parse_log_time(record["ts"].get<std::string>());
+  ASSERT_TRUE(logged_at) << record["ts"];
+  using std::chrono::milliseconds;
+  EXPECT_GE(*logged_at, std::chrono::floor<milliseconds>(sent_at));
+  EXPECT_LE(
+      *logged_at + std::chrono::duration_cast<milliseconds>(
+                       std::chrono::duration<double, std::milli>(record["total_ms"].get<double>())),
+      answered_at + milliseconds(2));
   EXPECT_GT(record["bytes_out"].get<double>(), 0);
   EXPECT_EQ(record["client_disconnected"], false);
 }
