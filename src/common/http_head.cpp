@@ -16,10 +16,11 @@ HeadWriter& HeadWriter::status_line(unsigned status) {
   return *this;
 }
 
-HeadWriter& HeadWriter::request_line(std::string_view method, std::string_view target) {
+HeadWriter& HeadWriter::request_line(std::string_view method,
+                                     std::span<const std::string_view> target) {
   out_.append(method);
   out_ += ' ';
-  out_.append(target);
+  for (auto piece : target) out_.append(piece);
   out_ += " HTTP/1.1\r\n";
   return *this;
 }

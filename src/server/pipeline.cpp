@@ -182,12 +182,11 @@ struct ProxyInputs {
 using StartResult = Result<std::unique_ptr<upstream::Exchange>, upstream::UpstreamError>;
 
 // One upstream attempt: run inline, or in a coroutine of its own when a
-// hedge may race it. Owns the request's target; the fields and body it
-// points into belong to pick_upstream, the job and the snapshot.
+// hedge may race it. The target, fields and body its request points into
+// belong to pick_upstream, the job and the snapshot.
 struct AttemptTask {
   router::Attempt attempt;
   const Snapshot::DeploymentWiring* wiring = nullptr;
-  std::string target;
   upstream::Request request;
   upstream::Limits limits;  // limits.started: when the attempt began
   upstream::AbortHandle abort_handle;
@@ -211,11 +210,9 @@ void prepare_attempt(const RequestContext& context, const ProxyInputs& inputs, A
   const auto& deployment = *attempt.deployment;
   task.attempt = attempt;
   task.wiring = &context.snapshot->wiring(deployment);
-  task.target = deployment.base_url.path_prefix;
-  task.target.append(inputs.endpoint).append(inputs.query);
   task.request =
       upstream::Request{"POST",
-                        task.target,
+                        {deployment.base_url.path_prefix, inputs.endpoint, inputs.query},
                         {inputs.client_fields, inputs.gateway_fields, task.wiring->fields},
                         {inputs.body_prefix, task.wiring->model_literal, inputs.body_suffix,
                          inputs.body_addition, inputs.body_closing}};

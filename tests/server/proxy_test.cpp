@@ -214,6 +214,13 @@ TEST(Proxy, PathPrefixOfBaseUrlIsKept) {
   ASSERT_EQ(response.status, 200u) << response.body;
   EXPECT_EQ(upstream->recent_requests().at(0).target, "/openai/v1/embeddings");
   EXPECT_FALSE(json::parse(response.body)["data"][0]["embedding"].empty());
+
+  // A query (Azure's api-version, say) follows the path, on every attempt.
+  response = http_request(gateway.port(), "POST", "/v1/chat/completions?api-version=2024-06-01",
+                          chat_body("chat", false));
+  ASSERT_EQ(response.status, 200u) << response.body;
+  EXPECT_EQ(upstream->recent_requests().at(1).target,
+            "/openai/v1/chat/completions?api-version=2024-06-01");
 }
 
 TEST(Proxy, NonStreamingResponseKeepsContentLength) {

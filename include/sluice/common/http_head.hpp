@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -23,7 +24,8 @@ class HeadWriter {
   }
 
   HeadWriter& status_line(unsigned status);
-  HeadWriter& request_line(std::string_view method, std::string_view target);
+  // The target is written as the concatenation of its pieces.
+  HeadWriter& request_line(std::string_view method, std::span<const std::string_view> target);
   HeadWriter& field(std::string_view name, std::string_view value);
   HeadWriter& field(std::string_view name, std::size_t value);
   // Copies preformatted "Name: value\r\n" lines.

@@ -53,7 +53,9 @@ const char* to_string(Failure failure);
 // one gather write, so a body with a field replaced or added needs no copy.
 struct Request {
   std::string_view method = "POST";
-  std::string_view target;  // path and query, with the deployment's prefix
+  // The deployment's path prefix, the endpoint's path and the query: written
+  // one after the other, so no attempt has to join them first.
+  std::array<std::string_view, 3> target{};
   // Preformatted "Name: value\r\n" lines: the client's forwarded ones, the
   // gateway's (request id, trace) and the deployment's own.
   std::array<std::string_view, 3> fields{};
