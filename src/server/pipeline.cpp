@@ -50,14 +50,12 @@ std::optional<std::string_view> proxied_endpoint(std::string_view path) {
 
 // The lines the gateway adds to the client's forwarded ones: its request id
 // and the next hop of the trace.
-std::string gateway_fields(std::string_view request_id, const metrics::TraceContext& next_hop) {
-  std::string fields;
-  fields.reserve(128);
+void append_gateway_fields(std::string& fields, std::string_view request_id,
+                           const metrics::TraceContext& next_hop) {
   fields.append("x-request-id: "sv).append(request_id).append("\r\n"sv);
   fields.append("traceparent: "sv);
   next_hop.append_traceparent(fields);
   fields.append("\r\n"sv);
-  return fields;
 }
 
 constexpr std::size_t kMaxErrorBody = std::size_t{256} * 1024;
@@ -328,10 +326,13 @@ struct Picked {
 };
 
 // The lines the gateway adds to what the attempts forward: the request id
-// and the next hop of its trace.
-std::string gateway_fields_for(RequestContext& context) {
+// and the next hop of its trace, in the connection's string for them.
+std::string_view gateway_fields_for(RequestContext& context) {
   auto next_random = [&worker = context.worker] { return worker.next_random(); };
-  return gateway_fields(context.request_id, metrics::next_hop(context.trace, next_random));
+  auto& fields = context.strings.upstream_fields;
+  fields.clear();
+  append_gateway_fields(fields, context.request_id, metrics::next_hop(context.trace, next_random));
+  return fields;
 }
 
 // Launches the plan's hedge into `slot`, if it has one now.
@@ -409,10 +410,8 @@ std::unique_ptr<AttemptTask> take_winner(RequestContext& context, router::Plan& 
 // failure or an overload error here, unless it is gone.
 net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs,
                                      router::Plan& plan, stream::ClientWatch& watch) {
-  // Built here so that it is gone while the answer is relayed.
-  const std::string added_fields = gateway_fields_for(context);
   inputs.client_fields = context.request.forwarded_fields();
-  inputs.gateway_fields = added_fields;
+  inputs.gateway_fields = gateway_fields_for(context);
   // The race's timer is made when the race first waits: a request whose only
   // attempt runs in this coroutine never needs one (making one looks up the
   // timer service under a lock).
@@ -802,6 +801,17 @@ void account(RequestContext& context, bool client_gone) {
 }
 
 }  // namespace
+
+void ConnectionStrings::reset() {
+  constexpr std::size_t kKeptCapacity = 1024;
+  for (auto* text : {&request_id, &response_fields, &upstream_fields}) {
+    if (text->capacity() > kKeptCapacity) {
+      std::string().swap(*text);
+    } else {
+      text->clear();
+    }
+  }
+}
 
 void Pipeline::begin(RequestContext& context) {
   context.worker.gateway().metrics().requests_in_flight.add(context.worker.index());

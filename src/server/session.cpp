@@ -29,23 +29,26 @@ using net::use_awaitable;
 namespace {
 
 // A client-supplied id is kept when it is short and printable; otherwise one
-// is made up.
-std::string request_id_for(const ClientRequest& request, Worker& worker) {
+// is made up. Written over `id`.
+void assign_request_id(std::string& id, const ClientRequest& request, Worker& worker) {
   auto given = request["x-request-id"];
   if (!given.empty() && given.size() <= 128) {
     bool printable = true;
     for (char c : given) printable = printable && c > 0x20 && c < 0x7f;
-    if (printable) return std::string(given.data(), given.size());
+    if (printable) {
+      id.assign(given.data(), given.size());
+      return;
+    }
   }
   // "req_" and 16 hex digits, written by hand: snprintf cost more than the
   // rest of reading a request's head.
-  char id[] = "req_0000000000000000";
+  char made[] = "req_0000000000000000";
   auto value = worker.next_random();
-  for (std::size_t digit = sizeof id - 2; digit >= 4; --digit) {
-    id[digit] = "0123456789abcdef"[value & 0xf];
+  for (std::size_t digit = sizeof made - 2; digit >= 4; --digit) {
+    made[digit] = "0123456789abcdef"[value & 0xf];
     value >>= 4;
   }
-  return std::string(id, sizeof id - 1);
+  id.assign(made, sizeof made - 1);
 }
 
 // Which error a failed read of a request maps to; nullopt = close quietly
@@ -109,6 +112,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
   SocketDeadline deadline(client);
   stream::ClientWatch watch(client, buffer);
   auth::KeyMemo key_memo;
+  ConnectionStrings strings;
   ClientConnection tracked{&client};
   worker.track(tracked);
 
@@ -177,10 +181,11 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
     // head's worth while it waits for its next request.
     if (!watch.reading()) release_grown_buffer(buffer);
 
-    RequestContext context{worker, snapshot, request,
-                           client, deadline, *relay_buffers,
-                           watch,  key_memo, request.keep_alive() && !gateway.draining()};
-    context.request_id = request_id_for(request, worker);
+    strings.reset();
+    RequestContext context{
+        worker,         snapshot, request,  client,  deadline,
+        *relay_buffers, watch,    key_memo, strings, request.keep_alive() && !gateway.draining()};
+    assign_request_id(context.request_id, request, worker);
     context.head_started = head_started;
     context.body_read = Clock::now();
 

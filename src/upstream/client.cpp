@@ -306,20 +306,12 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
 
   std::size_t body_size = 0;
   for (auto part : request.body) body_size += part.size();
-  // Only this frame keeps the head: nothing of the request is needed once the
-  // response has begun.
-  std::string head_text;
-  HeadWriter(head_text)
-      .request_line(request.method, request.target)
-      .field("Host", origin.host_header())
-      .field("Content-Length", body_size)
-      .raw_fields(request.fields[0])
-      .raw_fields(request.fields[1])
-      .raw_fields(request.fields[2])
-      .finish();
   std::array<net::const_buffer, 6> wire = {
-      net::buffer(head_text),       net::buffer(request.body[0]), net::buffer(request.body[1]),
+      net::const_buffer(),          net::buffer(request.body[0]), net::buffer(request.body[1]),
       net::buffer(request.body[2]), net::buffer(request.body[3]), net::buffer(request.body[4])};
+  // Only a head whose write has to wait is kept here: nothing of the request
+  // is needed once the response has begun.
+  std::string waiting_head;
 
   // The second round only happens when a pooled connection was dead.
   for (int round = 0; round < 2; ++round) {
@@ -344,12 +336,26 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
     // bounds the request's write and the head's read together.
     const auto head_deadline = std::min(timing.secured + limits.ttft, limits.deadline);
     conn.expires_at(head_deadline);
+    // Written here, with no wait between this and the write below.
+    HeadWriter(head_scratch_)
+        .request_line(request.method, request.target)
+        .field("Host", origin.host_header())
+        .field("Content-Length", body_size)
+        .raw_fields(request.fields[0])
+        .raw_fields(request.fields[1])
+        .raw_fields(request.fields[2])
+        .finish();
+    wire[0] = net::buffer(head_scratch_);
     auto sent = write_now(conn.plain_socket(), wire);
     // Sent whole without a wait: the answer can only come after it, and the
     // head read below may wait for it without trying first.
     const auto first_read =
         sent.finished && !sent.ec ? ReadStart::awaiting_reply : ReadStart::try_at_once;
-    if (!sent.finished) sent = co_await write_rest(conn, wire, sent);
+    if (!sent.finished) {
+      waiting_head = head_scratch_;
+      wire[0] = net::buffer(waiting_head);
+      sent = co_await write_rest(conn, wire, sent);
+    }
     const error_code write_ec = conn.deadline().translate(sent.ec);
     timing.sent = Clock::now();
     if (write_ec) {

@@ -223,6 +223,40 @@ TEST(Proxy, PathPrefixOfBaseUrlIsKept) {
             "/openai/v1/chat/completions?api-version=2024-06-01");
 }
 
+// How many of `headers` are named `name`, compared case-insensitively.
+std::size_t count_named(const Headers& headers, std::string_view name) {
+  return static_cast<std::size_t>(
+      std::count_if(headers.begin(), headers.end(),
+                    [&](const auto& field) { return boost::beast::iequals(field.first, name); }));
+}
+
+TEST(Proxy, EachRequestOfAKeptAliveConnectionStartsAfresh) {
+  // A connection keeps the strings its requests write their lines into: none
+  // of one request's lines may show in the next's.
+  auto upstream = start_mock();
+  TestGateway gateway(one_model(upstream->base_url()));
+  HttpConnection client(gateway.port());
+  std::vector<std::string> ids;
+  for (int index = 0; index < 3; ++index) {
+    Headers given;
+    if (index == 1) given.emplace_back("x-request-id", "given-by-the-client");
+    auto response = client.request("POST", "/v1/chat/completions", chat_body("chat", false), given);
+    ASSERT_EQ(response.status, 200u) << response.body;
+    EXPECT_EQ(count_named(response.headers, "server-timing"), 1u) << index;
+    EXPECT_EQ(count_named(response.headers, "x-request-id"), 1u) << index;
+    ids.push_back(response.header("x-request-id"));
+
+    auto received = upstream->recent_requests().back();
+    Headers upstream_headers(received.headers.begin(), received.headers.end());
+    EXPECT_EQ(count_named(upstream_headers, "x-request-id"), 1u) << index;
+    EXPECT_EQ(count_named(upstream_headers, "traceparent"), 1u) << index;
+    EXPECT_EQ(received.header("x-request-id"), ids.back()) << index;
+  }
+  EXPECT_EQ(ids[1], "given-by-the-client");
+  EXPECT_NE(ids[0], ids[2]);
+  EXPECT_TRUE(ids[2].starts_with("req_")) << ids[2];
+}
+
 TEST(Proxy, NonStreamingResponseKeepsContentLength) {
   auto upstream = start_mock();
   TestGateway gateway(one_model(upstream->base_url()));

@@ -2,6 +2,11 @@
 // explicit opt-out.
 #include <gtest/gtest.h>
 
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "support/certificates.hpp"
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
@@ -90,6 +95,41 @@ TEST_F(TlsUpstream, WrongHostNameIs502) {
   EXPECT_EQ(response.status, 502u) << response.body;
   EXPECT_EQ(impostor.stats().requests, 0u);
   EXPECT_TRUE(leaks.settled());
+}
+
+TEST_F(TlsUpstream, LargeHeadsSentTogetherArriveIntact) {
+  // One worker: the requests' heads are all written by the same thread, and a
+  // head larger than a TLS record needs several socket writes, with waits
+  // between them in which the worker sends the other requests.
+  TestGateway gateway("server:\n  listen: 127.0.0.1:0\n  threads: 1\n  max_header_bytes: 65536\n" +
+                      config("localhost", "        ca_file: " + ca_file_->path() + "\n"));
+  constexpr int kRequests = 8;
+  constexpr std::size_t kPadBytes = 40 * 1024;
+  auto pad_of = [](int index) { return std::string(kPadBytes, static_cast<char>('a' + index)); };
+  std::vector<std::thread> clients;
+  std::vector<unsigned> statuses(kRequests);
+  for (int index = 0; index < kRequests; ++index) {
+    clients.emplace_back([&, index] {
+      statuses[index] =
+          http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false),
+                       {{"x-pad", pad_of(index)}, {"x-request-id", "pad-" + std::to_string(index)}})
+              .status;
+    });
+  }
+  for (auto& client : clients) client.join();
+  for (int index = 0; index < kRequests; ++index) EXPECT_EQ(statuses[index], 200u) << index;
+
+  auto received = upstream_->recent_requests();
+  ASSERT_EQ(received.size(), static_cast<std::size_t>(kRequests));
+  std::set<std::string> ids;
+  for (const auto& request : received) {
+    auto id = request.header("x-request-id").value_or("");
+    ASSERT_TRUE(id.starts_with("pad-")) << id;
+    const int index = std::stoi(id.substr(4));
+    EXPECT_EQ(request.header("x-pad"), pad_of(index)) << id;
+    ids.insert(id);
+  }
+  EXPECT_EQ(ids.size(), static_cast<std::size_t>(kRequests));
 }
 
 TEST_F(TlsUpstream, VerificationCanBeTurnedOff) {

@@ -23,6 +23,19 @@
 
 namespace sluice::server {
 
+// Strings a client connection lends to each of its requests in turn: cleared
+// rather than freed between them, so that a request on a kept-alive
+// connection allocates neither.
+struct ConnectionStrings {
+  std::string request_id;       // RequestContext::request_id
+  std::string response_fields;  // RequestContext::response_fields
+  std::string upstream_fields;  // the gateway's lines every attempt forwards
+
+  // Empties them for the next request; one that grew past a typical head's
+  // size is let go, so an idle connection holds little.
+  void reset();
+};
+
 // What every stage reads and fills in for one request.
 struct RequestContext {
   Worker& worker;
@@ -33,9 +46,10 @@ struct RequestContext {
   stream::Relay::Buffers& relay_buffers;  // lent by the worker for the connection
   stream::ClientWatch& watch;             // the connection's, started for each proxied request
   auth::KeyMemo& key_memo;                // the key the connection presented last
+  ConnectionStrings& strings;             // the connection's, reset for this request
   bool keep_alive = true;
 
-  std::string request_id{};
+  std::string& request_id = strings.request_id;
   TimePoint head_started{};  // first byte of the request seen (or read started)
   TimePoint body_read{};
   // When the proxied answer ended; one reading of the clock serves the
@@ -46,7 +60,7 @@ struct RequestContext {
   const auth::KeyPolicy* key = nullptr;  // who is calling (auth on)
   // "Name: value\r\n" lines every response to this request carries
   // (rate-limit headers, timing).
-  std::string response_fields{};
+  std::string& response_fields = strings.response_fields;
   const config::Model* model = nullptr;
   bool stream = false;
   unsigned attempts = 0;

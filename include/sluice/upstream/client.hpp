@@ -208,6 +208,7 @@ struct ClientDeps {
 };
 
 // A generic HTTP/1.1 client over the pool: knows nothing of routing or auth.
+// One per worker thread: its requests interleave only where they wait.
 class Client {
  public:
   explicit Client(ClientDeps deps) : deps_(deps) {}
@@ -231,6 +232,10 @@ class Client {
       const Origin& origin, const Limits& limits, AbortHandle& abort_handle, Timing& timing);
 
   ClientDeps deps_;
+  // Where each request's head is written just before it is sent: a head
+  // sent without a wait needs no string of its own. One that has to wait is
+  // copied out first, since other requests write theirs here meanwhile.
+  std::string head_scratch_;
 };
 
 }  // namespace sluice::upstream
