@@ -25,7 +25,7 @@ namespace sluice::server {
 
 // Strings a client connection lends to each of its requests in turn: cleared
 // rather than freed between them, so that a request on a kept-alive
-// connection allocates neither.
+// connection allocates none of them.
 struct ConnectionStrings {
   std::string request_id;       // RequestContext::request_id
   std::string response_fields;  // RequestContext::response_fields
