@@ -113,7 +113,8 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
   stream::ClientWatch watch(client, buffer);
   auth::KeyMemo key_memo;
   ConnectionStrings strings;
-  ClientConnection tracked{&client};
+  ClientConnection tracked;
+  tracked.socket = &client;
   worker.track(tracked);
 
   // Whether the client ended the connection between requests.
