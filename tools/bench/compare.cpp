@@ -80,6 +80,27 @@ const Metric kMetrics[] = {
      false, true},
 };
 
+// Tails read from every round's samples together. A round of 128 streams
+// has its P99 in its second-largest sample, so a median over rounds of such
+// P99s follows single outliers; the pooled distribution holds rounds times
+// as many samples past its P99. Printed beside the medians, not instead.
+struct PooledTail {
+  const char* label;
+  const char* key;
+  LatencySummary RunSummary::*distribution;
+};
+
+const PooledTail kPooledTails[] = {
+    {"TTFT p99, rounds pooled (µs)", "ttft_p99_us", &RunSummary::ttft},
+    {"event delay p99, rounds pooled (µs)", "delay_p99_us", &RunSummary::delay},
+    {"gap stretch p99, rounds pooled (µs)", "stretch_p99_us", &RunSummary::stretch},
+};
+
+double pooled_p99(const RunSummary& pooled, const PooledTail& tail) {
+  const LatencySummary& latency = pooled.*tail.distribution;
+  return latency.count > 0 ? latency.p99 : kMissing;
+}
+
 double median(std::vector<double> values) {
   std::erase_if(values, [](double value) { return std::isnan(value); });
   if (values.empty()) return kMissing;
@@ -373,6 +394,37 @@ int run_compare(int argc, char** argv, int first) {
       if (!std::isnan(ratios[i])) ratio_json[i][metric.key] = ratios[i];
     }
   }
+  // Each target's rounds together; one round pools nothing new.
+  std::vector<RunSummary> pooled;
+  for (const auto& target : targets) pooled.push_back(summarize(target.merged));
+  nlohmann::json pooled_json = nlohmann::json::object();
+  nlohmann::json pooled_added_json = nlohmann::json::object();
+  for (const PooledTail& tail : kPooledTails) {
+    std::vector<double> values(target_count);
+    bool any_value = false;
+    for (std::size_t t = 0; t < target_count; ++t) {
+      values[t] = pooled_p99(pooled[t], tail);
+      any_value = any_value || !std::isnan(values[t]);
+    }
+    if (!any_value) continue;
+    std::vector<double> added(target_count, kMissing);
+    for (std::size_t t = 1; t < target_count; ++t) added[t] = values[t] - values[0];
+    for (std::size_t t = 0; t < target_count; ++t) {
+      if (!std::isnan(values[t])) pooled_json[targets[t].name][tail.key] = values[t];
+      if (t > 0 && !std::isnan(added[t])) pooled_added_json[targets[t].name][tail.key] = added[t];
+    }
+    if (rounds < 2) continue;
+    table << "| " << tail.label << " |";
+    for (std::size_t t = 0; t < target_count; ++t) table << " " << format_value(values[t]) << " |";
+    for (std::size_t t = 1; t < target_count; ++t) table << " " << format_added(added[t]) << " |";
+    for (std::size_t i = 0; i < ratio_pairs.size(); ++i) {
+      const auto [numerator, denominator] = ratio_pairs[i];
+      const double ratio = ratio_of_costs(added[numerator], added[denominator], false);
+      table << " " << format_ratio(ratio) << " |";
+      if (!std::isnan(ratio)) ratio_json[i][std::string("pooled_") + tail.key] = ratio;
+    }
+    table << "\n";
+  }
   table << "| errors |";
   for (std::size_t t = 0; t < target_count; ++t) {
     std::uint64_t errors = 0;
@@ -394,7 +446,13 @@ int run_compare(int argc, char** argv, int first) {
     std::cout << (i == 0 ? "; " : ", ") << ratio_name(ratio_pairs[i]);
   }
   if (!ratio_pairs.empty()) std::cout << " = ratio of the added figures";
-  std::cout << ". CPU µs/req = the target process's user+system time per request.\n" << std::endl;
+  std::cout << ". CPU µs/req = the target process's user+system time per request.";
+  if (rounds >= 2) {
+    std::cout << " \"rounds pooled\" rows: the P99 of all rounds' samples together, and its"
+                 " difference to "
+              << targets[0].name << "'s.";
+  }
+  std::cout << "\n" << std::endl;
 
   if (!samples_prefix.empty()) {
     for (const auto& target : targets) {
@@ -417,11 +475,13 @@ int run_compare(int argc, char** argv, int first) {
         }
         target_json["rounds"].push_back(std::move(round_json));
       }
-      target_json["all_rounds"] = to_json(summarize(targets[t].merged));
+      target_json["all_rounds"] = to_json(pooled[t]);
       document["targets"].push_back(std::move(target_json));
     }
     document["median"] = medians_json;
     document["added"] = added_json;
+    document["pooled"] = pooled_json;
+    document["pooled_added"] = pooled_added_json;
     for (std::size_t i = 0; i < ratio_pairs.size(); ++i) {
       document["ratios_of_added"].push_back({{"numerator", targets[ratio_pairs[i].first].name},
                                              {"denominator", targets[ratio_pairs[i].second].name},

@@ -1,0 +1,146 @@
+#include "compare.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "mock/mock_server.hpp"
+
+namespace sluice::bench {
+namespace {
+
+using namespace std::chrono_literals;
+using mock::Behaviour;
+using mock::MockServer;
+
+std::unique_ptr<MockServer> start_mock(std::chrono::milliseconds ttft) {
+  MockServer::Options options;
+  options.behaviour.ttft = ttft;
+  options.behaviour.tokens = 2;
+  auto server = std::make_unique<MockServer>(std::move(options));
+  server->start();
+  return server;
+}
+
+struct CompareRun {
+  std::string table;
+  nlohmann::json document;
+};
+
+// Runs `sluice-bench compare` in-process and returns what it printed and the
+// JSON it wrote.
+CompareRun run_compare_with(std::vector<std::string> arguments, const std::string& name) {
+  const std::string json_path = testing::TempDir() + "/compare_" + name + ".json";
+  arguments.insert(arguments.begin(), {"sluice-bench", "compare"});
+  arguments.insert(arguments.end(), {"--json", json_path});
+  std::vector<char*> argv;
+  for (auto& argument : arguments) argv.push_back(argument.data());
+
+  std::ostringstream printed;
+  auto* previous = std::cout.rdbuf(printed.rdbuf());
+  const int status = run_compare(static_cast<int>(argv.size()), argv.data(), 2);
+  std::cout.rdbuf(previous);
+  EXPECT_EQ(status, 0);
+
+  CompareRun run;
+  run.table = printed.str();
+  std::ifstream file(json_path);
+  run.document = nlohmann::json::parse(file);
+  return run;
+}
+
+std::vector<std::string> three_targets(const MockServer& direct, const MockServer& slow,
+                                       const MockServer& slower, const std::string& rounds) {
+  return {"--target",    "direct=" + direct.base_url() + "/chat/completions",
+          "--target",    "slow=" + slow.base_url() + "/chat/completions",
+          "--target",    "slower=" + slower.base_url() + "/chat/completions",
+          "--reference", "slow",
+          "--rounds",    rounds,
+          "--model",     "bench-model",
+          "--stream",    "--concurrency",
+          "1",           "--requests",
+          "6",           "--warmup",
+          "0s",          "--timeout",
+          "10s"};
+}
+
+const nlohmann::json& target_named(const nlohmann::json& document, const std::string& name) {
+  for (const auto& target : document["targets"]) {
+    if (target["name"] == name) return target;
+  }
+  ADD_FAILURE() << "no target " << name;
+  return document;
+}
+
+TEST(Compare, PoolsEveryRoundsSamplesForTheTails) {
+  auto direct = start_mock(0ms);
+  auto slow = start_mock(5ms);
+  auto slower = start_mock(10ms);
+  const CompareRun run = run_compare_with(three_targets(*direct, *slow, *slower, "3"), "pooled");
+
+  EXPECT_NE(run.table.find("| TTFT p99, rounds pooled (µs) |"), std::string::npos) << run.table;
+  // Unstamped streams have no event delays, so no row pools them.
+  EXPECT_EQ(run.table.find("event delay p99, rounds pooled"), std::string::npos) << run.table;
+
+  const auto& document = run.document;
+  for (const std::string name : {"direct", "slow", "slower"}) {
+    const auto& target = target_named(document, name);
+    // The pooled P99 lies among the rounds' own: were it above every
+    // round's, each round would have fewer than 1% of its samples above it,
+    // and so would the pool; likewise below.
+    double lowest = INFINITY;
+    double highest = 0;
+    ASSERT_EQ(target["rounds"].size(), 3u);
+    for (const auto& round : target["rounds"]) {
+      const double p99 = round["ttft_us"]["p99"].get<double>();
+      lowest = std::min(lowest, p99);
+      highest = std::max(highest, p99);
+    }
+    const double pooled = document["pooled"][name]["ttft_p99_us"].get<double>();
+    EXPECT_GE(pooled, lowest) << name;
+    EXPECT_LE(pooled, highest) << name;
+    EXPECT_EQ(target["all_rounds"]["ttft_us"]["p99"].get<double>(), pooled) << name;
+  }
+
+  const double direct_p99 = document["pooled"]["direct"]["ttft_p99_us"].get<double>();
+  const double slow_added = document["pooled_added"]["slow"]["ttft_p99_us"].get<double>();
+  const double slower_added = document["pooled_added"]["slower"]["ttft_p99_us"].get<double>();
+  EXPECT_DOUBLE_EQ(slow_added,
+                   document["pooled"]["slow"]["ttft_p99_us"].get<double>() - direct_p99);
+  // The mocks wait 5 and 10 ms before the first event.
+  EXPECT_GE(slow_added, 4'000);
+  EXPECT_GE(slower_added, 9'000);
+  ASSERT_EQ(document["ratios_of_added"].size(), 1u);
+  const auto& ratio = document["ratios_of_added"][0];
+  EXPECT_EQ(ratio["numerator"], "slower");
+  EXPECT_EQ(ratio["denominator"], "slow");
+  EXPECT_DOUBLE_EQ(ratio["values"]["pooled_ttft_p99_us"].get<double>(), slower_added / slow_added);
+}
+
+TEST(Compare, OneRoundPrintsNoPooledRows) {
+  auto direct = start_mock(0ms);
+  auto slow = start_mock(2ms);
+  auto slower = start_mock(4ms);
+  const CompareRun run = run_compare_with(three_targets(*direct, *slow, *slower, "1"), "one");
+
+  EXPECT_NE(run.table.find("| TTFT p99 (µs) |"), std::string::npos) << run.table;
+  EXPECT_EQ(run.table.find("rounds pooled"), std::string::npos) << run.table;
+  // The JSON still carries the pooled figures, equal to the one round's.
+  for (const std::string name : {"direct", "slow", "slower"}) {
+    const auto& target = target_named(run.document, name);
+    EXPECT_EQ(run.document["pooled"][name]["ttft_p99_us"].get<double>(),
+              target["rounds"][0]["ttft_us"]["p99"].get<double>())
+        << name;
+  }
+}
+
+}  // namespace
+}  // namespace sluice::bench
