@@ -129,10 +129,16 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
     request.header_limit(static_cast<std::uint32_t>(limits.max_header_bytes));
     request.body_limit(limits.max_body_bytes);
 
-    auto head_started = Clock::now();
-    deadline.expires_at(head_started + (first || buffer.size() > 0 ? limits.header_timeout
+    const auto wait_started = Clock::now();
+    deadline.expires_at(wait_started + (first || buffer.size() > 0 ? limits.header_timeout
                                                                    : limits.keepalive_timeout));
     tracked.idle = buffer.size() == 0;
+    // A request starts with its first bytes, not with the wait for them: a
+    // kept-alive connection may sit idle for minutes, and that is no part of
+    // the next request's duration, TTFT or log time. A new connection's
+    // first request most often came with it. Unset: not seen yet.
+    std::optional<TimePoint> first_bytes_at;
+    if (first || !tracked.idle) first_bytes_at = wait_started;
     if (tracked.idle && gateway.draining()) break;
     // The watch of the last request may still be reading what comes next.
     error_code head_ec;
@@ -151,7 +157,11 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
     if (head_ec == net::error::eof) head_ec = http::error::end_of_stream;
     if (!head_ec) {
       auto settled = parse_buffered(buffer, request, false);
-      if (!settled) settled = co_await read_http(client, buffer, request, false, deadline);
+      if (!settled) {
+        // Part of a head came: the rest may take a while.
+        if (!first_bytes_at && buffer.size() > 0) first_bytes_at = Clock::now();
+        settled = co_await read_http(client, buffer, request, false, deadline);
+      }
       head_ec = *settled;
     }
     tracked.idle = false;
@@ -169,6 +179,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
       }
       auto body_ec = parse_buffered(buffer, request, true);
       if (!body_ec) {
+        if (!first_bytes_at) first_bytes_at = Clock::now();
         deadline.expires_after(limits.body_timeout);
         body_ec = co_await read_http(client, buffer, request, true, deadline);
       }
@@ -187,8 +198,10 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
         worker,         snapshot, request,  client,  deadline,
         *relay_buffers, watch,    key_memo, strings, request.keep_alive() && !gateway.draining()};
     assign_request_id(context.request_id, request, worker);
-    context.head_started = head_started;
     context.body_read = Clock::now();
+    // A request read whole at once started when that read came, which the
+    // clock reading just taken stands for.
+    context.head_started = first_bytes_at.value_or(context.body_read);
 
     bool keep_alive = co_await Pipeline::handle(context);
     if (!keep_alive) {

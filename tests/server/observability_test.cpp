@@ -9,6 +9,7 @@
 #include <optional>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
@@ -267,6 +268,61 @@ TEST(Observability, AccessLogLinesForStreamedAndFailedOverRequests) {
       answered_at + milliseconds(2));
   EXPECT_GT(record["bytes_out"].get<double>(), 0);
   EXPECT_EQ(record["client_disconnected"], false);
+}
+
+// The access log's lines so far, once `count` are there.
+std::vector<json> access_log_lines(const TempFile& log_file, std::size_t count) {
+  std::vector<json> records;
+  EXPECT_TRUE(eventually(
+      [&] {
+        records.clear();
+        std::ifstream in(log_file.path());
+        for (std::string line; std::getline(in, line);) {
+          if (!line.empty()) records.push_back(json::parse(line));
+        }
+        return records.size() >= count;
+      },
+      3s));
+  return records;
+}
+
+TEST(Observability, KeptAliveConnectionsIdleTimeIsNoPartOfTheNextRequest) {
+  auto upstream = start_mock();
+  TempFile log_file("", ".log");
+  TestGateway gateway("server:\n  listen: 127.0.0.1:0\n  threads: 1\nlog:\n  access_log: " +
+                      log_file.path() + "\nmodels:\n  - name: chat\n    deployments:\n" +
+                      deployment_yaml("d1", upstream->base_url()));
+  HttpConnection client(gateway.port());
+  ASSERT_EQ(client.request("POST", "/v1/chat/completions", chat_body("chat", true)).status, 200u);
+
+  // The connection waits 300 ms before its next request.
+  std::this_thread::sleep_for(300ms);
+  const auto sent_at = std::chrono::system_clock::now();
+  ASSERT_EQ(client.request("POST", "/v1/chat/completions", chat_body("chat", true)).status, 200u);
+
+  // A request whose head comes in two parts 100 ms apart started with the
+  // first part.
+  const std::string body = chat_body("chat", false);
+  const std::string head = "POST /v1/chat/completions HTTP/1.1\r\nHost: sluice\r\n";
+  client.send_raw(head);
+  std::this_thread::sleep_for(100ms);
+  client.send_raw("Content-Type: application/json\r\nContent-Length: " +
+                  std::to_string(body.size()) + "\r\n\r\n" + body);
+  EXPECT_EQ(client.read_head().status, 200u);
+  client.read_rest_of_body();
+
+  auto records = access_log_lines(log_file, 3);
+  ASSERT_EQ(records.size(), 3u);
+  const auto& after_idle = records[1];
+  // The mock answers at once: only the idle wait could make it 300 ms.
+  EXPECT_LT(after_idle["total_ms"].get<double>(), 200.0) << after_idle;
+  EXPECT_LT(after_idle["ttft_ms"].get<double>(), 200.0) << after_idle;
+  auto logged_at = parse_log_time(after_idle["ts"].get<std::string>());
+  ASSERT_TRUE(logged_at) << after_idle["ts"];
+  EXPECT_GE(*logged_at, std::chrono::floor<std::chrono::milliseconds>(sent_at));
+
+  EXPECT_GE(records[2]["total_ms"].get<double>(), 90.0) << records[2];
+  EXPECT_LT(records[2]["total_ms"].get<double>(), 300.0) << records[2];
 }
 
 }  // namespace

@@ -50,7 +50,9 @@ struct RequestContext {
   bool keep_alive = true;
 
   std::string& request_id = strings.request_id;
-  TimePoint head_started{};  // first byte of the request seen (or read started)
+  // When the request's first bytes were seen (for one read whole at once,
+  // when that read was parsed): idle time before it is the connection's.
+  TimePoint head_started{};
   TimePoint body_read{};
   // When the proxied answer ended; one reading of the clock serves the
   // router, the rate limits and the access log.
