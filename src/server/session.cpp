@@ -140,7 +140,9 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
     std::optional<TimePoint> first_bytes_at;
     if (first || !tracked.idle) first_bytes_at = wait_started;
     if (tracked.idle && gateway.draining()) break;
-    // The watch of the last request may still be reading what comes next.
+    // The next request of a kept-alive connection is waited for through the
+    // watch, whose read may have begun during the last answer already.
+    if (!first_bytes_at) watch.read_next();
     error_code head_ec;
     if (watch.reading()) {
       // Bytes of the next request came with the last one: parse them first
@@ -158,8 +160,13 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
     if (!head_ec) {
       auto settled = parse_buffered(buffer, request, false);
       if (!settled) {
-        // Part of a head came: the rest may take a while.
-        if (!first_bytes_at && buffer.size() > 0) first_bytes_at = Clock::now();
+        if (!first_bytes_at) {
+          // Part of a head came after an idle wait: the request has begun,
+          // and its head gets the header timeout, not what was left of the
+          // idle one.
+          first_bytes_at = Clock::now();
+          deadline.expires_at(*first_bytes_at + limits.header_timeout);
+        }
         settled = co_await read_http(client, buffer, request, false, deadline);
       }
       head_ec = *settled;

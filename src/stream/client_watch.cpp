@@ -64,7 +64,14 @@ void ClientWatch::start() {
 
 void ClientWatch::begin_read(void* state_pointer) {
   auto& state = *static_cast<State*>(state_pointer);
-  if (!state.alive || !state.active || state.reading || state.read_result) return;
+  if (!state.alive || !state.active) return;
+  start_read(state);
+}
+
+void ClientWatch::read_next() { start_read(*state_); }
+
+void ClientWatch::start_read(State& state) {
+  if (state.reading || state.read_result) return;
   const std::size_t size = boost::beast::read_size(state.buffer, 65536);
   if (size == 0) return;  // a full buffer: the next request is in it already
   state.reading = true;

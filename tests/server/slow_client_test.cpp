@@ -154,5 +154,28 @@ TEST_F(SlowClients, SilentClientIsClosedAfterHeaderTimeout) {
   EXPECT_TRUE(leaks_->settled());
 }
 
+// Between requests a connection may idle for the keep-alive timeout (75 s
+// here); once the next head has begun, the head gets the header timeout,
+// whether the last answer came from the upstream or from the gateway itself.
+TEST_F(SlowClients, HeadBegunAfterAnIdleWaitGetsTheHeaderTimeout) {
+  for (const bool proxied : {true, false}) {
+    SCOPED_TRACE(proxied ? "after a proxied answer" : "after the gateway's own answer");
+    HttpConnection client(gateway_->port(), 5s);
+    auto first = proxied ? client.request("POST", "/v1/chat/completions", chat_body("chat", true))
+                         : client.request("GET", "/v1/models");
+    ASSERT_EQ(first.status, 200u) << first.body;
+    std::this_thread::sleep_for(100ms);
+    client.send_raw("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+    const auto started = Clock::now();
+    client.set_timeout(3s);
+    EXPECT_TRUE(client.closed_by_peer());
+    const auto waited = Clock::now() - started;
+    EXPECT_GE(waited, kTimeout - 10ms);
+    EXPECT_LT(waited, kTimeout + 1200ms);
+  }
+  EXPECT_EQ(upstream_->stats().requests, 1u);
+  EXPECT_TRUE(leaks_->settled());
+}
+
 }  // namespace
 }  // namespace sluice::testing

@@ -47,6 +47,11 @@ class ClientWatch {
   void stop();
   // Stops a read in progress (the connection is closing).
   void cancel();
+  // Starts the read for the next request if none is in progress and none
+  // ended unclaimed: the last answer started no watch (it needed no
+  // upstream), and the session waits for the next request through the watch
+  // all the same, so that it sees when that request's first bytes come.
+  void read_next();
 
   // Exchanges to abort when the client goes; at most two run at once (hedge).
   // Once one has sent its request, the watch starts a read unless one is in
@@ -97,6 +102,7 @@ class ClientWatch {
   };
   class OnRead;
   static void begin_read(void* state);
+  static void start_read(State& state);
 
   std::shared_ptr<State> state_;
 };
