@@ -396,6 +396,7 @@ int run_compare(int argc, char** argv, int first) {
   }
   // Each target's rounds together; one round pools nothing new.
   std::vector<RunSummary> pooled;
+  pooled.reserve(targets.size());
   for (const auto& target : targets) pooled.push_back(summarize(target.merged));
   nlohmann::json pooled_json = nlohmann::json::object();
   nlohmann::json pooled_added_json = nlohmann::json::object();
