@@ -85,6 +85,9 @@ http {
   access_log off;
   tcp_nodelay on;
   keepalive_requests 1000000;
+  # Request bodies up to 1 MiB stay in memory instead of a temporary file,
+  # as sluice keeps them.
+  client_body_buffer_size 1m;
   client_body_temp_path $dir/client_body;
   proxy_temp_path $dir/proxy;
   fastcgi_temp_path $dir/fastcgi;
