@@ -16,10 +16,30 @@ namespace sluice {
 
 namespace {
 
+// The escapes of two bytes: a backslash and one of these.
+bool is_short_escape(char c) {
+  switch (c) {
+    case '"':
+    case '\\':
+    case '/':
+    case 'b':
+    case 'f':
+    case 'n':
+    case 'r':
+    case 't':
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Skips the bytes a JSON string holds as they are (printable ASCII other
 // than '"' and '\\'); returns the first that needs a closer look, or `end`.
-// Message contents are most of a request body: 16 bytes are tested at a time.
-const char* skip_plain_string_bytes(const char* p, const char* end) {
+// Message contents are most of a request body: 16 bytes are tested at a
+// time. A pasted document has an escape (\n, \") every few dozen bytes, so
+// the two-byte escapes are stepped over inside the block too, and set
+// `escaped`; a \u escape or anything doubtful is left to the caller.
+const char* skip_plain_string_bytes(const char* p, const char* end, bool& escaped) {
 #if defined(__SSE2__)
   const __m128i space = _mm_set1_epi8(0x20);
   const __m128i quote = _mm_set1_epi8('"');
@@ -30,11 +50,24 @@ const char* skip_plain_string_bytes(const char* p, const char* end) {
     const __m128i stops =
         _mm_or_si128(_mm_cmplt_epi8(block, space),
                      _mm_or_si128(_mm_cmpeq_epi8(block, quote), _mm_cmpeq_epi8(block, backslash)));
-    const int mask = _mm_movemask_epi8(stops);
-    if (mask != 0) return p + __builtin_ctz(static_cast<unsigned>(mask));
-    p += 16;
+    auto mask = static_cast<unsigned>(_mm_movemask_epi8(stops));
+    std::size_t advance = 16;
+    while (mask != 0) {
+      const auto index = static_cast<unsigned>(__builtin_ctz(mask));
+      const char* stop = p + index;
+      if (*stop != '\\' || end - stop < 2 || !is_short_escape(stop[1])) return stop;
+      escaped = true;
+      if (index == 15) {
+        advance = 17;  // the escaped byte is the next block's first
+        break;
+      }
+      // The backslash and the byte it escapes, whatever that byte's own bit.
+      mask &= ~(3U << index);
+    }
+    p += advance;
   }
 #else
+  (void)escaped;
   // Eight at a time (SWAR): each test sets a byte's top bit where it holds.
   constexpr std::uint64_t kOnes = 0x0101010101010101ULL;
   constexpr std::uint64_t kHighs = 0x8080808080808080ULL;
@@ -292,7 +325,7 @@ class BodyScanner {
     ++at_;  // '"'
     for (;;) {
       // Plain ASCII is the common case: run through it first.
-      at_ = skip_plain_string_bytes(at_, end_);
+      at_ = skip_plain_string_bytes(at_, end_, escaped);
       if (at_ == end_) return false;
       const auto c = static_cast<unsigned char>(*at_);
       if (c == '"') {

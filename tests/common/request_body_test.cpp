@@ -205,11 +205,32 @@ TEST(RequestBody, EveryByteOfALongStringIsChecked) {
     bool accepted;
   };
   const std::vector<Case> cases = {
-      {"\x01", false}, {"\x1f", false},         {"\x7f", true},     {"\\n", true},
-      {"\\\"", true},  {"\\x", false},          {"\xc3\xa9", true}, {"\xe2\x82\xac", true},
-      {"\x80", false}, {"\x9f", false},         {"\xc2\x80", true}, {"\xff", false},
-      {"\xc3", false}, {"\xed\xa0\x80", false}, {"\"", false},  // a quote ends the string early:
-                                                                // what follows is not JSON
+      {"\x01", false},
+      {"\x1f", false},
+      {"\x7f", true},
+      {"\\n", true},
+      {"\\\"", true},
+      {"\\x", false},
+      {"\xc3\xa9", true},
+      {"\xe2\x82\xac", true},
+      {"\x80", false},
+      {"\x9f", false},
+      {"\xc2\x80", true},
+      {"\xff", false},
+      {"\xc3", false},
+      {"\xed\xa0\x80", false},
+      {"\"", false},  // a quote ends the string early:
+                      // what follows is not JSON
+      // Escapes in a row, across a block's end: each one's second byte is
+      // taken as escaped, never as a stop of its own.
+      {"\\n\\t\\\"\\\\\\/\\b\\f\\r", true},
+      {"\\\\\"", false},  // \\ then a quote
+      {"\\\\x", true},
+      {"\\u00e9\\n", true},
+      {"\\uZZ", false},
+      {"\\ ", false},
+      {"\\n\x01", false},
+      {"\\n\xc3\xa9\\n", true},
   };
   for (const auto& test : cases) {
     for (std::size_t offset = 0; offset < 40; ++offset) {
