@@ -345,21 +345,9 @@ class BodyScanner {
   bool escape() {
     ++at_;  // '\'
     if (at_ == end_) return false;
-    switch (*at_++) {
-      case '"':
-      case '\\':
-      case '/':
-      case 'b':
-      case 'f':
-      case 'n':
-      case 'r':
-      case 't':
-        return true;
-      case 'u':
-        break;
-      default:
-        return false;
-    }
+    const char kind = *at_++;
+    if (is_short_escape(kind)) return true;
+    if (kind != 'u') return false;
     long unit = hex4();
     if (unit < 0) return false;
     if (unit >= 0xDC00 && unit <= 0xDFFF) return false;  // a low surrogate alone
