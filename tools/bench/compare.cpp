@@ -351,6 +351,17 @@ int run_compare(int argc, char** argv, int first) {
   for (std::size_t c = 0; c < columns; ++c) table << "---:|";
   table << "\n";
 
+  // One table row: a value per target, an added figure per target after the
+  // baseline, then the ratios.
+  auto write_row = [&](std::string_view label, const std::vector<double>& values,
+                       const std::vector<double>& added, const std::vector<double>& ratios) {
+    table << "| " << label << " |";
+    for (std::size_t t = 0; t < target_count; ++t) table << " " << format_value(values[t]) << " |";
+    for (std::size_t t = 1; t < target_count; ++t) table << " " << format_added(added[t]) << " |";
+    for (double ratio : ratios) table << " " << format_ratio(ratio) << " |";
+    table << "\n";
+  };
+
   nlohmann::json medians_json = nlohmann::json::object();
   nlohmann::json added_json = nlohmann::json::object();
   std::vector<nlohmann::json> ratio_json(ratio_pairs.size(), nlohmann::json::object());
@@ -380,11 +391,7 @@ int run_compare(int argc, char** argv, int first) {
           ratio_of_costs(added[numerator], added[denominator], metric.higher_is_better));
     }
 
-    table << "| " << metric.label << " |";
-    for (std::size_t t = 0; t < target_count; ++t) table << " " << format_value(medians[t]) << " |";
-    for (std::size_t t = 1; t < target_count; ++t) table << " " << format_added(added[t]) << " |";
-    for (double ratio : ratios) table << " " << format_ratio(ratio) << " |";
-    table << "\n";
+    write_row(metric.label, medians, added, ratios);
 
     for (std::size_t t = 0; t < target_count; ++t) {
       if (!std::isnan(medians[t])) medians_json[targets[t].name][metric.key] = medians[t];
@@ -415,16 +422,14 @@ int run_compare(int argc, char** argv, int first) {
       if (t > 0 && !std::isnan(added[t])) pooled_added_json[targets[t].name][tail.key] = added[t];
     }
     if (rounds < 2) continue;
-    table << "| " << tail.label << " |";
-    for (std::size_t t = 0; t < target_count; ++t) table << " " << format_value(values[t]) << " |";
-    for (std::size_t t = 1; t < target_count; ++t) table << " " << format_added(added[t]) << " |";
-    for (std::size_t i = 0; i < ratio_pairs.size(); ++i) {
-      const auto [numerator, denominator] = ratio_pairs[i];
-      const double ratio = ratio_of_costs(added[numerator], added[denominator], false);
-      table << " " << format_ratio(ratio) << " |";
-      if (!std::isnan(ratio)) ratio_json[i][std::string("pooled_") + tail.key] = ratio;
+    std::vector<double> ratios;
+    for (const auto& [numerator, denominator] : ratio_pairs) {
+      ratios.push_back(ratio_of_costs(added[numerator], added[denominator], false));
     }
-    table << "\n";
+    for (std::size_t i = 0; i < ratios.size(); ++i) {
+      if (!std::isnan(ratios[i])) ratio_json[i][std::string("pooled_") + tail.key] = ratios[i];
+    }
+    write_row(tail.label, values, added, ratios);
   }
   table << "| errors |";
   for (std::size_t t = 0; t < target_count; ++t) {
