@@ -112,10 +112,22 @@ std::size_t ClientRequest::take_plain_body(std::string_view bytes, error_code& e
   ec = {};
   const auto taken =
       static_cast<std::size_t>(std::min<std::uint64_t>(bytes.size(), body_remaining_));
-  body_.append(bytes.data(), taken);
+  append_body(bytes.substr(0, taken));
   body_remaining_ -= taken;
   if (body_remaining_ == 0) end_plain_body();
   return taken;
+}
+
+void ClientRequest::commit_body_read(std::size_t bytes) {
+  body_.commit(bytes);
+  body_remaining_ -= bytes;
+  if (body_remaining_ == 0) end_plain_body();
+}
+
+void ClientRequest::append_body(std::string_view bytes) {
+  if (bytes.empty()) return;
+  std::memcpy(body_.prepare(bytes.size()).data(), bytes.data(), bytes.size());
+  body_.commit(bytes.size());
 }
 
 void ClientRequest::begin_head(http::verb method, std::string_view method_text,
@@ -188,7 +200,7 @@ void ClientRequest::on_body_init_impl(const boost::optional<std::uint64_t>& cont
 }
 
 std::size_t ClientRequest::on_body_impl(boost::beast::string_view body, error_code&) {
-  body_.append(body.data(), body.size());
+  append_body({body.data(), body.size()});
   return body.size();
 }
 
@@ -196,7 +208,7 @@ void ClientRequest::on_chunk_header_impl(std::uint64_t, boost::beast::string_vie
 
 std::size_t ClientRequest::on_chunk_body_impl(std::uint64_t, boost::beast::string_view body,
                                               error_code&) {
-  body_.append(body.data(), body.size());
+  append_body({body.data(), body.size()});
   return body.size();
 }
 

@@ -54,13 +54,13 @@ inline std::size_t body_read_room(const boost::beast::flat_buffer& buffer, std::
                             std::min<std::uint64_t>(to_come - buffer.size(), kLargestBodyRead)));
 }
 
-// Settles one read of `bytes` into the space `buffer` prepared: commits
-// them, or says what the error means. The end of the stream completes a
-// message that ends with its connection, ends a started one with the
-// parser's error, and is end_of_stream before any byte.
-template <class Parser>
-error_code settle_read(error_code ec, std::size_t bytes, boost::beast::flat_buffer& buffer,
-                       Parser& parser, const SocketDeadline& deadline) {
+// Settles one read: calls commit() to take its bytes, or says what the
+// error means. The end of the stream completes a message that ends with its
+// connection, ends a started one with the parser's error, and is
+// end_of_stream before any byte.
+template <class Parser, class Commit>
+error_code settle_read_with(error_code ec, Parser& parser, const SocketDeadline& deadline,
+                            Commit&& commit) {
   ec = deadline.translate(ec);
   if (ec && ec == boost::asio::error::eof) {
     if (!parser.got_some()) return boost::beast::http::error::end_of_stream;
@@ -68,8 +68,15 @@ error_code settle_read(error_code ec, std::size_t bytes, boost::beast::flat_buff
     parser.put_eof(eof_ec);
     return eof_ec;
   }
-  if (!ec) buffer.commit(bytes);
+  if (!ec) commit();
   return ec;
+}
+
+// The same for a read of `bytes` into the space `buffer` prepared.
+template <class Parser>
+error_code settle_read(error_code ec, std::size_t bytes, boost::beast::flat_buffer& buffer,
+                       Parser& parser, const SocketDeadline& deadline) {
+  return settle_read_with(ec, parser, deadline, [&] { buffer.commit(bytes); });
 }
 
 // Parses what `buffer` holds already, in plain code: the outcome when that
@@ -105,9 +112,26 @@ boost::asio::awaitable<error_code> read_http(boost::asio::ip::tcp::socket& socke
                                              ReadStart first_read = ReadStart::try_at_once) {
   for (;;) {
     if (auto settled = parse_buffered(buffer, parser, whole)) co_return *settled;
-    // The socket's read is awaited here, not through a coroutine of its
+    // The socket's reads are awaited here, not through a coroutine of its
     // own: that would be one frame more per read.
-    // A body of known length (a prompt of many kilobytes) is read in reads
+    // A parser that keeps the body in a place of its own has the rest of
+    // a body of known length read straight into it, once the buffer holds
+    // no more of the message.
+    if constexpr (requires { parser.body_read_space(); }) {
+      const boost::asio::mutable_buffer space =
+          whole && buffer.size() == 0 ? parser.body_read_space() : boost::asio::mutable_buffer{};
+      if (space.size() > 0) {
+        auto [read_ec, n] = co_await drain_aware_read_some(
+            socket, space, boost::asio::as_tuple(boost::asio::use_awaitable),
+            std::exchange(first_read, ReadStart::try_at_once));
+        if (auto ec = settle_read_with(read_ec, parser, deadline,
+                                       [&, n = n] { parser.commit_body_read(n); })) {
+          co_return ec;
+        }
+        continue;
+      }
+    }
+    // Otherwise a body of known length (a prompt of many kilobytes) is read in reads
     // as large as what is still to come, not 512 bytes at a time.
     std::uint64_t to_come = 0;
     if constexpr (requires { parser.body_bytes_to_come(); }) {

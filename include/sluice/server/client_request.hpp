@@ -1,5 +1,7 @@
 #pragma once
 
+#include <boost/asio/buffer.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/basic_parser.hpp>
 #include <boost/beast/http/field.hpp>
@@ -51,7 +53,22 @@ class ClientRequest final : public PlainFirstParser<true, ClientRequest> {
   // The same for the fields the gateway keeps to itself.
   std::string_view withheld_fields() const { return {withheld_.data(), withheld_.size()}; }
 
-  const std::string& body() const { return body_; }
+  std::string_view body() const {
+    return {static_cast<const char*>(body_.cdata().data()), body_.size()};
+  }
+
+  // Where the rest of a Content-Length body may be read straight from the
+  // socket, once the connection's buffer holds none of it: a prompt of
+  // many kilobytes then takes no copy from that buffer, which would also
+  // have to grow for it. Empty when nothing is to come this way (a body
+  // that is whole, chunked, or read by Beast's parser).
+  boost::asio::mutable_buffer body_read_space() {
+    const std::uint64_t to_come = body_bytes_to_come();
+    if (to_come == 0) return {};
+    return body_.prepare(static_cast<std::size_t>(to_come));
+  }
+  // Takes `bytes` read into body_read_space().
+  void commit_body_read(std::size_t bytes);
 
  private:
   using Text = std::basic_string<char, std::char_traits<char>, RecyclingAllocator<char>>;
@@ -75,6 +92,7 @@ class ClientRequest final : public PlainFirstParser<true, ClientRequest> {
   std::size_t read_plain_head(std::string_view bytes);
   std::size_t take_plain_body(std::string_view bytes, boost::beast::error_code& ec);
   void forget_head();
+  void append_body(std::string_view bytes);
 
   void on_request_impl(boost::beast::http::verb method, boost::beast::string_view method_text,
                        boost::beast::string_view target, int version,
@@ -97,7 +115,8 @@ class ClientRequest final : public PlainFirstParser<true, ClientRequest> {
   Text forwarded_;
   Text withheld_;
   boost::container::small_vector<FieldEntry, 16> fields_;
-  std::string body_;
+  // Grows without setting the bytes it adds, which a read then fills.
+  boost::beast::flat_buffer body_;
   boost::beast::http::verb method_ = boost::beast::http::verb::unknown;
   std::size_t method_size_ = 0;
   unsigned version_ = 11;
