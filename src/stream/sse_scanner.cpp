@@ -10,6 +10,7 @@
 #endif
 #include <nlohmann/json.hpp>
 
+#include "sluice/common/cpu_features.hpp"
 #include "sluice/common/json_scan.hpp"
 #include "sluice/common/request_body.hpp"
 
@@ -116,13 +117,6 @@ DataLine scan_line_rest(std::string_view text, std::size_t at, std::size_t first
   return {size, first_key_start};
 }
 
-#if defined(__x86_64__)
-bool cpu_has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") != 0;
-}
-#endif
-
 }  // namespace
 
 DataLine scan_data_line_sse2(std::string_view text, std::size_t from) {
@@ -130,10 +124,7 @@ DataLine scan_data_line_sse2(std::string_view text, std::size_t from) {
 }
 
 #if defined(__x86_64__)
-bool has_avx2_line_scan() {
-  static const bool available = cpu_has_avx2();
-  return available;
-}
+bool has_avx2_line_scan() { return cpu_has_avx2(); }
 
 // Thirty-two positions at a time while a whole block and the byte after it
 // fit; what is left, the last 32 bytes at most, goes to the sixteen-wide scan.
