@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "sluice/common/cpu_features.hpp"
 #include "sluice/common/json_scan.hpp"
 
 namespace sluice {
@@ -231,17 +232,36 @@ TEST(RequestBody, EveryByteOfALongStringIsChecked) {
       {"\\ ", false},
       {"\\n\x01", false},
       {"\\n\xc3\xa9\\n", true},
+      // Runs longer than a block: escapes only, escaped backslashes only,
+      // and an odd run whose last backslash escapes a quote.
+      {[] {
+         std::string run;
+         for (int i = 0; i < 40; ++i) run += "\\n";
+         return run;
+       }(),
+       true},
+      {std::string(80, '\\'), true},
+      {std::string(81, '\\') + "\"", true},
+      {std::string(80, '\\') + "\"", false},
+      {"\\u00e9\\u20ac\\ud83d\\ude00\\n\\\"", true},
+      {"\\ud83d\\n", false},
   };
-  for (const auto& test : cases) {
-    for (std::size_t offset = 0; offset < 40; ++offset) {
-      const std::string text =
-          std::string(offset, 'a') + test.inserted + std::string(40 - offset, 'b');
-      const std::string body =
-          R"({"model":"m","messages":[{"role":"user","content":")" + text + R"("}],"stream":true})";
-      auto inspected = inspect_request_body(body);
-      EXPECT_EQ(inspected.ok(), test.accepted) << "offset " << offset << " in " << body;
-      if (inspected.ok()) {
-        EXPECT_TRUE(inspected.value().stream) << body;
+  std::vector<detail::StringScan> scans = {detail::StringScan::sse2};
+  if (cpu_has_avx2()) scans.push_back(detail::StringScan::avx2);
+  for (const auto scan : scans) {
+    SCOPED_TRACE(scan == detail::StringScan::avx2 ? "64 bytes at a time" : "16 bytes at a time");
+    for (const auto& test : cases) {
+      // Across the first two 64-byte blocks of the string and their ends.
+      for (std::size_t offset = 0; offset < 140; ++offset) {
+        const std::string text =
+            std::string(offset, 'a') + test.inserted + std::string(140 - offset, 'b');
+        const std::string body = R"({"model":"m","messages":[{"role":"user","content":")" + text +
+                                 R"("}],"stream":true})";
+        auto inspected = detail::inspect_request_body(body, kMaxJsonDepth, scan);
+        EXPECT_EQ(inspected.ok(), test.accepted) << "offset " << offset << " in " << body;
+        if (inspected.ok()) {
+          EXPECT_TRUE(inspected.value().stream) << body;
+        }
       }
     }
   }
@@ -256,6 +276,29 @@ TEST(RequestBody, ModelAndKeysAreReadDecoded) {
   EXPECT_EQ(inspect_request_body(R"({"model":"m","model":7})").error().code, "invalid_type");
   EXPECT_EQ(inspect_request_body(R"({"model":"m","model":true})").error().code, "invalid_type");
   EXPECT_EQ(inspect_request_body(R"({"model":["m"]})").error().code, "invalid_type");
+}
+
+TEST(RequestBody, ALongModelIsReadDecodedByEitherStringScan) {
+  // Escapes well inside a 64-byte block, which the wide scan steps over
+  // without stopping, must still have the name decoded.
+  const std::string plain(100, 'y');
+  for (const std::string& escape : {std::string("\\n"), std::string("\\/"), std::string("\\\"")}) {
+    for (std::size_t at : {5u, 40u, 62u, 63u, 64u, 90u}) {
+      const std::string literal = plain.substr(0, at) + escape + plain.substr(at);
+      const std::string decoded = plain.substr(0, at) +
+                                  std::string(1, escape[1] == 'n' ? '\n' : escape[1]) +
+                                  plain.substr(at);
+      std::vector<detail::StringScan> scans = {detail::StringScan::sse2};
+      if (cpu_has_avx2()) scans.push_back(detail::StringScan::avx2);
+      for (const auto scan : scans) {
+        auto body =
+            detail::inspect_request_body(R"({"model":")" + literal + R"("})", kMaxJsonDepth, scan);
+        ASSERT_TRUE(body.ok()) << literal;
+        EXPECT_EQ(body->model, decoded)
+            << "at " << at << (scan == detail::StringScan::avx2 ? " (64 at a time)" : "");
+      }
+    }
+  }
 }
 
 TEST(RequestBody, MaxTokensTakesNonNegativeIntegersOnly) {

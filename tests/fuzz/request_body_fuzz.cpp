@@ -8,7 +8,8 @@
 // refuses must be one a JSON parser refuses too, or one that breaks the
 // gateway's own rules (not an object, no string model, nested too deep).
 // Since inspect is a validator of its own, this compares its verdicts with
-// nlohmann::json's parser on every input.
+// nlohmann::json's parser on every input, and those of its two ways of
+// reading strings with each other.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -82,6 +83,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view body(reinterpret_cast<const char*>(data), size);
   auto inspected = sluice::inspect_request_body(body);
   const auto document = parse_or_discard(body);
+
+  // The sixteen-byte string scan, which processors without AVX2 use, reaches
+  // the same verdict and finds the same model where it stands.
+  auto narrow = sluice::detail::inspect_request_body(body, sluice::kMaxJsonDepth,
+                                                     sluice::detail::StringScan::sse2);
+  check(narrow.ok() == inspected.ok(), "the two string scans disagree on a body");
+  if (narrow.ok()) {
+    check(narrow->model == inspected->model, "the two string scans read another model");
+    check(
+        narrow->model_value.has_value() == inspected->model_value.has_value() &&
+            (!narrow->model_value || (narrow->model_value->begin == inspected->model_value->begin &&
+                                      narrow->model_value->end == inspected->model_value->end)),
+        "the two string scans place the model differently");
+  } else {
+    check(narrow.error().code == inspected.error().code,
+          "the two string scans refuse a body for different reasons");
+  }
 
   if (!inspected.ok()) {
     check(inspected.error().status == 400, "a refused body must be a 400");

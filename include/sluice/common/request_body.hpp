@@ -44,6 +44,17 @@ Result<RequestBody, ApiError> inspect_request_body(std::string_view body,
 // nested at most `max_depth` deep. Builds nothing.
 bool is_valid_json(std::string_view text, int max_depth = kMaxJsonDepth);
 
+namespace detail {
+// The two ways long strings are read, exposed so that tests and the fuzzer
+// can hold each to the same verdicts: sixteen bytes at a time (any x86-64,
+// else eight), and sixty-four, used where the processor has AVX2.
+enum class StringScan : std::uint8_t { sse2, avx2 };
+StringScan best_string_scan();
+Result<RequestBody, ApiError> inspect_request_body(std::string_view body, int max_depth,
+                                                   StringScan strings);
+bool is_valid_json(std::string_view text, int max_depth, StringScan strings);
+}  // namespace detail
+
 // A body as forwarded upstream: before_model + the upstream model literal +
 // after_model + closing. Members may be added between after_model and closing
 // (which starts at the top-level object's closing brace).
