@@ -200,6 +200,13 @@ TEST(RequestBody, AcceptsAndRefusesAsAStrictJsonParser) {
 // Strings are scanned 16 bytes at a time (8 without SSE2) while nothing in
 // them needs a closer look: whatever does must be found at every offset of
 // such a block, and in the bytes after the last whole block.
+// The ways of reading strings this processor runs.
+std::vector<detail::StringScan> string_scans() {
+  std::vector<detail::StringScan> scans = {detail::StringScan::sse2};
+  if (cpu_has_avx2()) scans.push_back(detail::StringScan::avx2);
+  return scans;
+}
+
 TEST(RequestBody, EveryByteOfALongStringIsChecked) {
   struct Case {
     std::string inserted;
@@ -246,9 +253,7 @@ TEST(RequestBody, EveryByteOfALongStringIsChecked) {
       {"\\u00e9\\u20ac\\ud83d\\ude00\\n\\\"", true},
       {"\\ud83d\\n", false},
   };
-  std::vector<detail::StringScan> scans = {detail::StringScan::sse2};
-  if (cpu_has_avx2()) scans.push_back(detail::StringScan::avx2);
-  for (const auto scan : scans) {
+  for (const auto scan : string_scans()) {
     SCOPED_TRACE(scan == detail::StringScan::avx2 ? "64 bytes at a time" : "16 bytes at a time");
     for (const auto& test : cases) {
       // Across the first two 64-byte blocks of the string and their ends.
@@ -288,9 +293,7 @@ TEST(RequestBody, ALongModelIsReadDecodedByEitherStringScan) {
       const std::string decoded = plain.substr(0, at) +
                                   std::string(1, escape[1] == 'n' ? '\n' : escape[1]) +
                                   plain.substr(at);
-      std::vector<detail::StringScan> scans = {detail::StringScan::sse2};
-      if (cpu_has_avx2()) scans.push_back(detail::StringScan::avx2);
-      for (const auto scan : scans) {
+      for (const auto scan : string_scans()) {
         auto body =
             detail::inspect_request_body(R"({"model":")" + literal + R"("})", kMaxJsonDepth, scan);
         ASSERT_TRUE(body.ok()) << literal;
