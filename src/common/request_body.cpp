@@ -36,6 +36,19 @@ bool is_short_escape(char c) {
   }
 }
 
+#if defined(__SSE2__)
+// Which of the 16 bytes at `p` a string's scan stops at, bit by bit: a
+// quote, a backslash, a control byte or one from 0x80 up.
+inline unsigned string_stops_in_16(const char* p) {
+  const __m128i block = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  // Signed: bytes from 0x80 up are negative, so below the space too.
+  const __m128i stops = _mm_or_si128(_mm_cmplt_epi8(block, _mm_set1_epi8(0x20)),
+                                     _mm_or_si128(_mm_cmpeq_epi8(block, _mm_set1_epi8('"')),
+                                                  _mm_cmpeq_epi8(block, _mm_set1_epi8('\\'))));
+  return static_cast<unsigned>(_mm_movemask_epi8(stops));
+}
+#endif
+
 // Skips the bytes a JSON string holds as they are (printable ASCII other
 // than '"' and '\\'); returns the first that needs a closer look, or `end`.
 // Message contents are most of a request body: 16 bytes are tested at a
@@ -44,16 +57,8 @@ bool is_short_escape(char c) {
 // `escaped`; a \u escape or anything doubtful is left to the caller.
 const char* skip_plain_string_bytes_sse2(const char* p, const char* end, bool& escaped) {
 #if defined(__SSE2__)
-  const __m128i space = _mm_set1_epi8(0x20);
-  const __m128i quote = _mm_set1_epi8('"');
-  const __m128i backslash = _mm_set1_epi8('\\');
   while (end - p >= 16) {
-    const __m128i block = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    // Signed: bytes from 0x80 up are negative, so below the space too.
-    const __m128i stops =
-        _mm_or_si128(_mm_cmplt_epi8(block, space),
-                     _mm_or_si128(_mm_cmpeq_epi8(block, quote), _mm_cmpeq_epi8(block, backslash)));
-    auto mask = static_cast<unsigned>(_mm_movemask_epi8(stops));
+    auto mask = string_stops_in_16(p);
     std::size_t advance = 16;
     while (mask != 0) {
       const auto index = static_cast<unsigned>(__builtin_ctz(mask));
@@ -163,8 +168,19 @@ __attribute__((target("avx2"))) const char* skip_plain_string_bytes_avx2(const c
 }
 #endif
 
-// The best of the above this processor runs.
-const char* skip_plain_string_bytes(const char* p, const char* end, bool& escaped, bool wide) {
+// The best of the above this processor runs. Keys, roles and model names
+// end within their first 16 bytes, which are tested here, inline, before
+// either scan is called.
+inline const char* skip_plain_string_bytes(const char* p, const char* end, bool& escaped,
+                                           bool wide) {
+#if defined(__SSE2__)
+  if (end - p >= 16) {
+    if (const unsigned stops = string_stops_in_16(p); stops != 0) {
+      return p + __builtin_ctz(stops);
+    }
+    p += 16;
+  }
+#endif
 #if defined(__x86_64__)
   if (wide) return skip_plain_string_bytes_avx2(p, end, escaped);
 #else
