@@ -461,6 +461,39 @@ TEST(MockServer, StampedEventsOpenWithTheirSendTime) {
   EXPECT_EQ(client.post("/mock/behaviour", {{"stamp", 1}}).result_int(), 400);
 }
 
+TEST(MockServer, SkipBodyAnswersWithoutParsingTheBody) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+  // Not JSON at all: refused unless the body is to be skipped.
+  const std::string not_json(4000, 'x');
+  EXPECT_EQ(client.request(http::verb::post, "/v1/chat/completions", not_json).result_int(), 400);
+  const Response skipped = client.request(http::verb::post, "/v1/chat/completions", not_json,
+                                          {{"x-mock-skip-body", "1"}});
+  ASSERT_EQ(skipped.result_int(), 200) << skipped.body();
+  const Json answer = Json::parse(skipped.body());
+  EXPECT_EQ(answer["object"], "chat.completion");
+  EXPECT_EQ(answer["model"], "mock-model");
+  EXPECT_EQ(answer["usage"]["prompt_tokens"], 1000);  // bytes / 4
+  // A streaming body is answered unstreamed: its `stream` is never read.
+  const Response unstreamed =
+      client.request(http::verb::post, "/v1/chat/completions", chat_body("asked", true).dump(),
+                     {{"x-mock-skip-body", "1"}});
+  ASSERT_EQ(unstreamed.result_int(), 200);
+  EXPECT_EQ(Json::parse(unstreamed.body())["model"], "mock-model");
+  // Embeddings need their input: the header does not apply to them.
+  EXPECT_EQ(
+      client.request(http::verb::post, "/v1/embeddings", not_json, {{"x-mock-skip-body", "1"}})
+          .result_int(),
+      400);
+  EXPECT_EQ(client
+                .request(http::verb::post, "/v1/chat/completions", chat_body().dump(),
+                         {{"x-mock-skip-body", "yes"}})
+                .result_int(),
+            400);
+  EXPECT_EQ(mock->stats().requests, 5u);
+}
+
 TEST(MockServer, IncludeUsageAddsAUsageChunkBeforeDone) {
   Behaviour behaviour;
   behaviour.tokens = 2;

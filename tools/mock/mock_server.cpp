@@ -692,6 +692,10 @@ std::optional<std::string> apply_header_overrides(const http::fields& fields,
     if (*value != "0" && *value != "1") return invalid("x-mock-stamp");
     behaviour.stamp = *value == "1";
   }
+  if (auto value = header("x-mock-skip-body")) {
+    if (*value != "0" && *value != "1") return invalid("x-mock-skip-body");
+    behaviour.skip_body = *value == "1";
+  }
   if (auto value = header("x-mock-fail-rate")) {
     auto rate = parse_rate(*value);
     if (!rate) return invalid("x-mock-fail-rate");
@@ -894,20 +898,21 @@ struct SharedState {
 
 // Builds the plan for a model request, or the error reply that replaces it.
 std::variant<Plan, Reply> make_plan(Endpoint endpoint, const Request& request, SharedState& state) {
-  Json body;
-  if (endpoint != Endpoint::models) {
-    body = Json::parse(request.body(), nullptr, /*allow_exceptions=*/false);
-    if (body.is_discarded() || !body.is_object()) {
-      return invalid_request(
-          "We could not parse the JSON body of your request. The body must be a JSON object.");
-    }
-  }
-
   Plan plan;
   plan.endpoint = endpoint;
   plan.behaviour = state.behaviour_snapshot();
   if (auto error = apply_header_overrides(request.base(), plan.behaviour)) {
     return invalid_request(*error, {}, "invalid_mock_header");
+  }
+  const bool skip_body =
+      plan.behaviour.skip_body && (endpoint == Endpoint::chat || endpoint == Endpoint::completions);
+  Json body = Json::object();
+  if (endpoint != Endpoint::models && !skip_body) {
+    body = Json::parse(request.body(), nullptr, /*allow_exceptions=*/false);
+    if (body.is_discarded() || !body.is_object()) {
+      return invalid_request(
+          "We could not parse the JSON body of your request. The body must be a JSON object.");
+    }
   }
   auto fail = parse_fail_mode(plan.behaviour.fail);
   if (!fail) return invalid_request("unknown failure mode '" + plan.behaviour.fail + "'");
@@ -919,10 +924,10 @@ std::variant<Plan, Reply> make_plan(Endpoint endpoint, const Request& request, S
     plan.presented_key = std::string(authorization);
   }
 
-  auto required = [&](const char* field) { return body.contains(field); };
+  auto required = [&](const char* field) { return skip_body || body.contains(field); };
   switch (endpoint) {
     case Endpoint::chat:
-      if (!required("messages") || !body["messages"].is_array()) {
+      if (!required("messages") || (!skip_body && !body["messages"].is_array())) {
         return invalid_request("'messages' is a required array", "messages");
       }
       break;
@@ -974,7 +979,8 @@ std::variant<Plan, Reply> make_plan(Endpoint endpoint, const Request& request, S
     }
   }
 
-  plan.prompt_tokens = estimate_prompt_tokens(endpoint, body);
+  plan.prompt_tokens =
+      skip_body ? request.body().size() / 4 : estimate_prompt_tokens(endpoint, body);
   plan.serial = state.next_serial.fetch_add(1, std::memory_order_relaxed);
   plan.created = std::chrono::duration_cast<std::chrono::seconds>(
                      std::chrono::system_clock::now().time_since_epoch())

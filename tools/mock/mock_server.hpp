@@ -44,6 +44,12 @@ struct Behaviour {
   // steady clock's nanoseconds when the event was handed to the socket, so a
   // client on this machine can tell the path's delay from the mock's timing.
   bool stamp = false;
+  // x-mock-skip-body: 1 reads a chat or text completion request's body
+  // without parsing it: the reply names the mock's own model, is not
+  // streamed, and counts the body's bytes / 4 as prompt tokens. A benchmark
+  // of large bodies then measures the path to the mock, not the mock's JSON
+  // parser. Per request only.
+  bool skip_body = false;
 };
 
 // True for "" and every failure mode listed on Behaviour::fail.
