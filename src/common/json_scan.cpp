@@ -192,30 +192,6 @@ long json_hex4(std::string_view text, std::size_t at) {
   return unit;
 }
 
-std::size_t utf8_sequence_length(std::string_view text, std::size_t at) {
-  auto byte = [&](std::size_t i) -> unsigned {
-    return at + i < text.size() ? static_cast<unsigned char>(text[at + i]) : 0u;
-  };
-  auto continuation = [&](std::size_t i) { return (byte(i) & 0xc0u) == 0x80u; };
-  const unsigned lead = byte(0);
-  if (lead >= 0xc2 && lead <= 0xdf) return continuation(1) ? 2 : 0;
-  if (lead >= 0xe0 && lead <= 0xef) {
-    const unsigned second = byte(1);
-    const bool second_ok = lead == 0xe0   ? (second >= 0xa0 && second <= 0xbf)
-                           : lead == 0xed ? (second >= 0x80 && second <= 0x9f)
-                                          : continuation(1);
-    return second_ok && continuation(2) ? 3 : 0;
-  }
-  if (lead >= 0xf0 && lead <= 0xf4) {
-    const unsigned second = byte(1);
-    const bool second_ok = lead == 0xf0   ? (second >= 0x90 && second <= 0xbf)
-                           : lead == 0xf4 ? (second >= 0x80 && second <= 0x8f)
-                                          : continuation(1);
-    return second_ok && continuation(2) && continuation(3) ? 4 : 0;
-  }
-  return 0;
-}
-
 bool decode_json_string(std::string_view literal, std::string& out) {
   std::size_t at = 0;
   while (at < literal.size()) {

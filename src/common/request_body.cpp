@@ -464,11 +464,36 @@ class BodyScanner {
     return unit;
   }
 
+  // From a byte of 0x80 or above: a run of well-formed UTF-8 sequences and
+  // the few plain ASCII bytes between them. Prompts in most of the world's
+  // scripts are such runs; going back to the loop in string() for every
+  // character cost about 80 instructions a character. False when the first
+  // sequence is malformed; the run ends before anything else that needs a
+  // closer look, or after a few ASCII bytes in a row, which the block scan
+  // takes faster.
   bool utf8_sequence() {
-    const auto length =
-        utf8_sequence_length(std::string_view(at_, static_cast<std::size_t>(end_ - at_)), 0);
-    at_ += length;
-    return length > 0;
+    constexpr int kAsciiBytesLeftToTheBlockScan = 8;
+    const char* p = at_;
+    std::size_t length = utf8_sequence_length(p, end_);
+    if (length == 0) return false;
+    p += length;
+    int ascii_in_a_row = 0;
+    while (p < end_) {
+      const auto c = static_cast<unsigned char>(*p);
+      if (c < 0x80) {
+        if (c < 0x20 || c == '"' || c == '\\' || ++ascii_in_a_row > kAsciiBytesLeftToTheBlockScan) {
+          break;
+        }
+        ++p;
+        continue;
+      }
+      length = utf8_sequence_length(p, end_);
+      if (length == 0) break;
+      ascii_in_a_row = 0;
+      p += length;
+    }
+    at_ = p;
+    return true;
   }
 
   // -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?

@@ -200,6 +200,14 @@ TEST(RequestBody, AcceptsAndRefusesAsAStrictJsonParser) {
 // Strings are scanned 16 bytes at a time (8 without SSE2) while nothing in
 // them needs a closer look: whatever does must be found at every offset of
 // such a block, and in the bytes after the last whole block.
+// Chinese and Japanese text: a run of three-byte sequences with ASCII
+// punctuation and spaces between some of them.
+std::string cjk_run() {
+  std::string run;
+  for (int i = 0; i < 6; ++i) run += "\xe4\xb8\xad\xe6\x96\x87, \xe6\x97\xa5\xe6\x9c\xac";
+  return run;
+}
+
 // The ways of reading strings this processor runs.
 std::vector<detail::StringScan> string_scans() {
   std::vector<detail::StringScan> scans = {detail::StringScan::sse2};
@@ -252,6 +260,19 @@ TEST(RequestBody, EveryByteOfALongStringIsChecked) {
       {std::string(80, '\\') + "\"", false},
       {"\\u00e9\\u20ac\\ud83d\\ude00\\n\\\"", true},
       {"\\ud83d\\n", false},
+      // Runs of multi-byte characters with a few ASCII bytes between them,
+      // each followed by a malformed sequence, a quote or a control byte
+      // inside the run.
+      {cjk_run() + "abc" + cjk_run() + "\\n" + cjk_run(), true},
+      {cjk_run() + "\xe4\xb8" + cjk_run(), false},      // a sequence cut short
+      {cjk_run() + "\xed\xa0\x80" + cjk_run(), false},  // a surrogate
+      {cjk_run() + "\xc0\xaf" + cjk_run(), false},      // an overlong form
+      {cjk_run() + "\xf4\x90\x80\x80", false},          // above U+10FFFF
+      {cjk_run() + "\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf" + cjk_run(), true},
+      {cjk_run() + "\x80", false},  // a continuation byte alone
+      {cjk_run() + "\"", false},
+      {cjk_run() + "\x1f" + cjk_run(), false},
+      {cjk_run() + "\xc3\xa9" + std::string(20, 'a') + cjk_run(), true},
   };
   for (const auto scan : string_scans()) {
     SCOPED_TRACE(scan == detail::StringScan::avx2 ? "64 bytes at a time" : "16 bytes at a time");

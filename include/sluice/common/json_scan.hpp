@@ -1,6 +1,8 @@
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -72,9 +74,48 @@ bool decode_json_string(std::string_view literal, std::string& out);
 // whatever a client, a config or an upstream put in the text.
 void append_json_string(std::string& out, std::string_view text);
 
-// Length of the valid UTF-8 sequence starting at text[at] (a byte >= 0x80),
-// or 0 when it is not one (RFC 3629: no overlong forms, no surrogates,
-// nothing above U+10FFFF).
-std::size_t utf8_sequence_length(std::string_view text, std::size_t at);
+// What a UTF-8 sequence's first byte allows (RFC 3629, table 3-7 of the
+// Unicode standard): its length (0: no sequence starts with it) and the
+// range of its second byte, which rules out overlong forms, surrogates and
+// anything above U+10FFFF; later bytes are any continuation byte.
+struct Utf8Lead {
+  std::uint8_t length;
+  std::uint8_t second_low;
+  std::uint8_t second_high;
+};
+inline constexpr std::array<Utf8Lead, 256> kUtf8Leads = [] {
+  std::array<Utf8Lead, 256> leads{};
+  for (int lead = 0; lead < 256; ++lead) {
+    const std::uint8_t length = lead >= 0xc2 && lead <= 0xdf   ? 2
+                                : lead >= 0xe0 && lead <= 0xef ? 3
+                                : lead >= 0xf0 && lead <= 0xf4 ? 4
+                                                               : 0;
+    leads[lead] = Utf8Lead{length, 0x80, 0xbf};
+  }
+  leads[0xe0].second_low = 0xa0;
+  leads[0xed].second_high = 0x9f;
+  leads[0xf0].second_low = 0x90;
+  leads[0xf4].second_high = 0x8f;
+  return leads;
+}();
+
+// Length of the valid UTF-8 sequence starting at `p` (a byte >= 0x80) and
+// ending by `end`, or 0 when it is not one.
+inline std::size_t utf8_sequence_length(const char* p, const char* end) {
+  if (p >= end) return 0;
+  const Utf8Lead lead = kUtf8Leads[static_cast<unsigned char>(*p)];
+  if (lead.length == 0 || end - p < lead.length) return 0;
+  const auto second = static_cast<unsigned char>(p[1]);
+  if (second < lead.second_low || second > lead.second_high) return 0;
+  for (std::size_t i = 2; i < lead.length; ++i) {
+    if ((static_cast<unsigned char>(p[i]) & 0xc0u) != 0x80u) return 0;
+  }
+  return lead.length;
+}
+
+// The same for text[at].
+inline std::size_t utf8_sequence_length(std::string_view text, std::size_t at) {
+  return utf8_sequence_length(text.data() + at, text.data() + text.size());
+}
 
 }  // namespace sluice
