@@ -108,7 +108,7 @@ struct StringBlock {
   std::uint32_t not_short_escapes;
 };
 
-__attribute__((target("avx2"))) inline StringBlock classify_string_block(const char* p) {
+__attribute__((target("avx2"))) inline StringBlock classify_string_block(__m256i block) {
   // The bytes "\/bfnrt are told by their nibbles: each high nibble among
   // them (2, 5, 6, 7) has a bit, and a low nibble's entry holds the bits of
   // the high nibbles it pairs with to make one of them.
@@ -117,7 +117,6 @@ __attribute__((target("avx2"))) inline StringBlock classify_string_block(const c
   const __m256i by_high = _mm256_setr_epi8(0, 0, 1, 0, 0, 2, 4, 8, 0, 0, 0, 0, 0, 0, 0, 0,  //
                                            0, 0, 1, 0, 0, 2, 4, 8, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m256i nibble = _mm256_set1_epi8(0x0F);
-  const __m256i block = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   // Signed: bytes from 0x80 up are negative, so below the space too.
   const __m256i stops = _mm256_or_si256(_mm256_cmpgt_epi8(_mm256_set1_epi8(0x20), block),
                                         _mm256_cmpeq_epi8(block, _mm256_set1_epi8('"')));
@@ -132,38 +131,146 @@ __attribute__((target("avx2"))) inline StringBlock classify_string_block(const c
           static_cast<std::uint32_t>(_mm256_movemask_epi8(not_short_escapes))};
 }
 
+// Whether the 32 bytes of `block` break UTF-8 (RFC 3629), read on from
+// `before`, the 32 bytes ahead of them: a continuation byte where none is
+// due or none where one is, a byte no sequence has (C0, C1, F5 and up), or
+// a second byte outside its first byte's range (overlong forms, surrogates,
+// code points above U+10FFFF). ASCII bytes pass.
+__attribute__((target("avx2"))) inline __m256i bytes(int value) {
+  return _mm256_set1_epi8(static_cast<char>(value));
+}
+
+// Where `back1`, the byte before each of `block`'s, is `first` and the byte
+// itself is out of the range it allows (`out_of_range`).
+__attribute__((target("avx2"))) inline __m256i after_first_byte(__m256i back1, int first,
+                                                                __m256i out_of_range) {
+  return _mm256_and_si256(_mm256_cmpeq_epi8(back1, bytes(first)), out_of_range);
+}
+
+__attribute__((target("avx2"))) inline bool breaks_utf8(__m256i block, __m256i before) {
+  const __m256i zero = _mm256_setzero_si256();
+  // The bytes one, two and three places back, across the two halves.
+  const __m256i joined = _mm256_permute2x128_si256(before, block, 0x21);
+  const __m256i back1 = _mm256_alignr_epi8(block, joined, 15);
+  const __m256i back2 = _mm256_alignr_epi8(block, joined, 14);
+  const __m256i back3 = _mm256_alignr_epi8(block, joined, 13);
+  // Signed, 0x80..0xBF are the bytes below -64.
+  const __m256i continuation = _mm256_cmpgt_epi8(bytes(-64), block);
+  // Due after a first byte of two or more (C0 up), as the third byte of
+  // three or more (E0 up) and as the fourth of four (F0 up).
+  const __m256i due =
+      _mm256_cmpgt_epi8(_mm256_or_si256(_mm256_or_si256(_mm256_subs_epu8(back1, bytes(0xbf)),
+                                                        _mm256_subs_epu8(back2, bytes(0xdf))),
+                                        _mm256_subs_epu8(back3, bytes(0xef))),
+                        zero);
+  __m256i broken = _mm256_xor_si256(continuation, due);
+  broken =
+      _mm256_or_si256(broken, _mm256_cmpeq_epi8(_mm256_and_si256(block, bytes(0xfe)), bytes(0xc0)));
+  broken = _mm256_or_si256(broken, _mm256_cmpgt_epi8(_mm256_subs_epu8(block, bytes(0xf4)), zero));
+  // Second bytes, as signed numbers: E0 needs A0 up, ED at most 9F, F0 90
+  // up, F4 at most 8F.
+  broken =
+      _mm256_or_si256(broken, after_first_byte(back1, 0xe0, _mm256_cmpgt_epi8(bytes(-96), block)));
+  broken =
+      _mm256_or_si256(broken, after_first_byte(back1, 0xed, _mm256_cmpgt_epi8(block, bytes(-97))));
+  broken =
+      _mm256_or_si256(broken, after_first_byte(back1, 0xf0, _mm256_cmpgt_epi8(bytes(-112), block)));
+  broken =
+      _mm256_or_si256(broken, after_first_byte(back1, 0xf4, _mm256_cmpgt_epi8(block, bytes(-113))));
+  return _mm256_testz_si256(broken, broken) == 0;
+}
+
+// breaks_utf8 over a step's 64 bytes. Out of line: its constants would
+// take the registers of the ASCII loop around it, which then reloaded its
+// own from memory on every step.
+__attribute__((target("avx2"), noinline)) bool breaks_utf8_in_step(__m256i first, __m256i second,
+                                                                   __m256i before) {
+  return breaks_utf8(first, before) || breaks_utf8(second, first);
+}
+
+// Where a UTF-8 sequence that began in the three bytes before `p` starts,
+// when it is not whole before `p`; nullptr when none is open. The bytes
+// before `p` must have passed breaks_utf8.
+inline const char* open_utf8_sequence(const char* p) {
+  const auto back = [&](int places) { return static_cast<unsigned char>(p[-places]); };
+  if (back(1) >= 0xc0) return p - 1;
+  if (back(2) >= 0xe0) return p - 2;
+  if (back(3) >= 0xf0) return p - 3;
+  return nullptr;
+}
+
 // skip_plain_string_bytes_sse2's task, 64 bytes at a time and without a
 // branch per escape: the bytes that follow a backslash are found by
 // shifting its mask, and are all checked at once to be short escapes. A
 // backslash escaped itself (a run of them), a \u escape, or any escape that
-// is not one of those goes to the caller, at its backslash.
+// is not one of those goes to the caller, at its backslash. Text in other
+// scripts than Latin is validated as UTF-8 in the same steps; where it
+// breaks, the caller gets the first byte it must read for itself.
 __attribute__((target("avx2"))) const char* skip_plain_string_bytes_avx2(const char* p,
                                                                          const char* end,
                                                                          bool& escaped) {
+  const char* const start = p;
   // 1 when the byte at `p` is escaped by the backslash before it.
   std::uint64_t carried = 0;
+  // The 32 bytes before `p` (none at the start: the byte before `p` ends a
+  // quote, an escape or a whole UTF-8 sequence), and whether any of their
+  // last three is from 0x80 up, which may leave a sequence open.
+  __m256i before = _mm256_setzero_si256();
+  bool may_be_open = false;
   while (end - p >= 64) {
-    const StringBlock first = classify_string_block(p);
-    const StringBlock second = classify_string_block(p + 32);
-    const std::uint64_t stops = first.stops | std::uint64_t{second.stops} << 32;
+    const __m256i first_bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i second_bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
+    const StringBlock first = classify_string_block(first_bytes);
+    const StringBlock second = classify_string_block(second_bytes);
+    std::uint64_t stops = first.stops | std::uint64_t{second.stops} << 32;
     const std::uint64_t backslashes = first.backslashes | std::uint64_t{second.backslashes} << 32;
     const std::uint64_t not_short_escapes =
         first.not_short_escapes | std::uint64_t{second.not_short_escapes} << 32;
     const std::uint64_t escaped_bytes = backslashes << 1 | carried;
-    const std::uint64_t doubtful =
-        (stops & ~escaped_bytes) | (escaped_bytes & (not_short_escapes | backslashes));
-    if (doubtful != 0) {
-      const auto at = static_cast<unsigned>(__builtin_ctzll(doubtful));
-      const std::uint64_t before = (std::uint64_t{1} << at) - 1;
-      escaped = escaped || (escaped_bytes & before) != 0;
-      // An escaped byte is looked at with its backslash (at p - 1 when carried).
-      return (escaped_bytes >> at & 1) != 0 ? p + at - 1 : p + at;
+    const auto doubtful_bytes = [&] {
+      return (stops & ~escaped_bytes) | (escaped_bytes & (not_short_escapes | backslashes));
+    };
+    std::uint64_t doubtful = doubtful_bytes();
+    // Plain ASCII steps (no stop) skip the UTF-8 check, unless a sequence
+    // is still open from the step before; `before` then keeps older bytes,
+    // whose last three were ASCII too, which is all the check reads of it.
+    if (doubtful != 0 || may_be_open) {
+      const std::uint64_t non_ascii =
+          static_cast<std::uint32_t>(_mm256_movemask_epi8(first_bytes)) |
+          std::uint64_t{static_cast<std::uint32_t>(_mm256_movemask_epi8(second_bytes))} << 32;
+      if (non_ascii != 0 || may_be_open) {
+        if (breaks_utf8_in_step(first_bytes, second_bytes, before)) {
+          if (carried != 0) return p - 1;
+          if (p != start) {
+            if (const char* open = open_utf8_sequence(p)) return open;
+          }
+          // Nothing in these 64 bytes but plain ASCII would leave the break
+          // after them.
+          return p + __builtin_ctzll(stops | backslashes | std::uint64_t{1} << 63);
+        }
+        before = second_bytes;
+        may_be_open = (non_ascii >> 61) != 0;
+        // Bytes from 0x80 up passed as UTF-8.
+        stops &= ~non_ascii;
+        doubtful = doubtful_bytes();
+      }
+      if (doubtful != 0) {
+        const auto at = static_cast<unsigned>(__builtin_ctzll(doubtful));
+        const std::uint64_t below = (std::uint64_t{1} << at) - 1;
+        escaped = escaped || (escaped_bytes & below) != 0;
+        // An escaped byte is looked at with its backslash (at p - 1 when
+        // carried).
+        return (escaped_bytes >> at & 1) != 0 ? p + at - 1 : p + at;
+      }
     }
     escaped = escaped || escaped_bytes != 0;
     carried = backslashes >> 63;
     p += 64;
   }
   if (carried != 0) return p - 1;
+  if (may_be_open) {
+    if (const char* open = open_utf8_sequence(p)) return open;
+  }
   return skip_plain_string_bytes_sse2(p, end, escaped);
 }
 #endif
@@ -176,7 +283,14 @@ inline const char* skip_plain_string_bytes(const char* p, const char* end, bool&
 #if defined(__SSE2__)
   if (end - p >= 16) {
     if (const unsigned stops = string_stops_in_16(p); stops != 0) {
-      return p + __builtin_ctz(stops);
+      const char* const stop = p + __builtin_ctz(stops);
+#if defined(__x86_64__)
+      // Text in another script: the wide scan validates it in blocks.
+      if (wide && static_cast<unsigned char>(*stop) >= 0x80) {
+        return skip_plain_string_bytes_avx2(stop, end, escaped);
+      }
+#endif
+      return stop;
     }
     p += 16;
   }
@@ -470,13 +584,20 @@ class BodyScanner {
   // character cost about 80 instructions a character. False when the first
   // sequence is malformed; the run ends before anything else that needs a
   // closer look, or after a few ASCII bytes in a row, which the block scan
-  // takes faster.
-  bool utf8_sequence() {
+  // takes faster. Out of line, so that string(), which English text
+  // mostly runs through, stays small enough to be inlined.
+  __attribute__((noinline)) bool utf8_sequence() {
     constexpr int kAsciiBytesLeftToTheBlockScan = 8;
     const char* p = at_;
     std::size_t length = utf8_sequence_length(p, end_);
     if (length == 0) return false;
     p += length;
+    // The wide scan validates UTF-8 itself and leaves only what it cannot:
+    // a sequence near the end of the body, or one it found broken.
+    if (wide_strings_) {
+      at_ = p;
+      return true;
+    }
     int ascii_in_a_row = 0;
     while (p < end_) {
       const auto c = static_cast<unsigned char>(*p);

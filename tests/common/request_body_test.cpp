@@ -267,7 +267,11 @@ TEST(RequestBody, EveryByteOfALongStringIsChecked) {
       {cjk_run() + "\xe4\xb8" + cjk_run(), false},      // a sequence cut short
       {cjk_run() + "\xed\xa0\x80" + cjk_run(), false},  // a surrogate
       {cjk_run() + "\xc0\xaf" + cjk_run(), false},      // an overlong form
-      {cjk_run() + "\xf4\x90\x80\x80", false},          // above U+10FFFF
+      {cjk_run() + "\xe0\x80\xaf" + cjk_run(), false},
+      {cjk_run() + "\xf0\x80\x80\xaf" + cjk_run(), false},
+      {cjk_run() + "\xf5\x80\x80\x80" + cjk_run(), false},
+      {cjk_run() + "\xe0\xa0\x80\xf0\x90\x80\x80\xed\x9f\xbf" + cjk_run(), true},
+      {cjk_run() + "\xf4\x90\x80\x80", false},  // above U+10FFFF
       {cjk_run() + "\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf" + cjk_run(), true},
       {cjk_run() + "\x80", false},  // a continuation byte alone
       {cjk_run() + "\"", false},
