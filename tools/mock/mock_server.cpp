@@ -666,6 +666,15 @@ std::optional<std::string> apply_header_overrides(const http::fields& fields,
     return true;
   };
 
+  // "0" or "1".
+  auto read_flag = [&](std::string_view name, bool& target) -> bool {
+    auto value = header(name);
+    if (!value) return true;
+    if (*value != "0" && *value != "1") return false;
+    target = *value == "1";
+    return true;
+  };
+
   if (!read_duration("x-mock-ttft-ms", behaviour.ttft)) return invalid("x-mock-ttft-ms");
   if (!read_duration("x-mock-ttft-per-token-us", behaviour.ttft_per_prompt_token)) {
     return invalid("x-mock-ttft-per-token-us");
@@ -688,14 +697,8 @@ std::optional<std::string> apply_header_overrides(const http::fields& fields,
     if (!parse_fail_mode(*value)) return invalid("x-mock-fail");
     behaviour.fail.assign(value->data(), value->size());
   }
-  if (auto value = header("x-mock-stamp")) {
-    if (*value != "0" && *value != "1") return invalid("x-mock-stamp");
-    behaviour.stamp = *value == "1";
-  }
-  if (auto value = header("x-mock-skip-body")) {
-    if (*value != "0" && *value != "1") return invalid("x-mock-skip-body");
-    behaviour.skip_body = *value == "1";
-  }
+  if (!read_flag("x-mock-stamp", behaviour.stamp)) return invalid("x-mock-stamp");
+  if (!read_flag("x-mock-skip-body", behaviour.skip_body)) return invalid("x-mock-skip-body");
   if (auto value = header("x-mock-fail-rate")) {
     auto rate = parse_rate(*value);
     if (!rate) return invalid("x-mock-fail-rate");
