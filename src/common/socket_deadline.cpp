@@ -43,7 +43,8 @@ class DeadlineQueue : public boost::asio::execution_context::service {
     unqueue(deadline);
     deadline.queued_for_ = when;
     place(deadline);
-    if (when < armed_for_) arm(when);
+    const auto wakeup = wakeup_for(when);
+    if (wakeup < armed_for_) arm(wakeup);
   }
 
   void unqueue(SocketDeadline& deadline) {
@@ -78,6 +79,16 @@ class DeadlineQueue : public boost::asio::execution_context::service {
   // queued before: at the end, where an insert costs no search.
   void place(SocketDeadline& deadline) { queued_.insert(queued_.end(), deadline); }
 
+  // The first multiple of the grain at or after `when`.
+  static TimePoint wakeup_for(TimePoint when) {
+    constexpr auto grain = SocketDeadline::kWakeupGrain;
+    auto rest = when.time_since_epoch() % grain;
+    if (rest < Clock::duration::zero()) rest += grain;
+    if (rest == Clock::duration::zero()) return when;
+    if (when > TimePoint::max() - grain) return TimePoint::max();
+    return when + (grain - rest);
+  }
+
   // A wait armed for later is superseded: it completes as aborted, or
   // finds that it came early, and does nothing.
   void arm(TimePoint when) {
@@ -107,7 +118,7 @@ class DeadlineQueue : public boost::asio::execution_context::service {
       error_code ignored;
       deadline.socket_.cancel(ignored);
     }
-    if (!queued_.empty()) arm(queued_.begin()->queued_for_);
+    if (!queued_.empty()) arm(wakeup_for(queued_.begin()->queued_for_));
   }
 
   boost::asio::steady_timer timer_;

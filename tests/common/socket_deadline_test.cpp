@@ -1,8 +1,9 @@
 // SocketDeadline: a read pending past the deadline ends as a timeout; moving
 // the deadline later keeps it pending; no deadline lets it wait; destroying
 // the deadline with its timer armed is harmless; the deadlines of several
-// sockets share their context's queue, and a context made where an ended one
-// was gets a queue of its own. read_http parses what is
+// sockets share their context's queue, which takes the places that come up
+// together in one wake-up, and a context made where an ended one was gets a
+// queue of its own. read_http parses what is
 // buffered without reading and maps the end of the stream as Beast does.
 #include "sluice/common/socket_deadline.hpp"
 
@@ -20,6 +21,7 @@
 #include <boost/beast/http/string_body.hpp>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "sluice/common/http_read.hpp"
 #include "support/socket_pair.hpp"
@@ -172,6 +174,32 @@ TEST(SocketDeadline, DeadlinesOfSeveralSocketsEachFireAtTheirOwnTime) {
   EXPECT_TRUE(never_done);
   EXPECT_FALSE(never_result) << never_result.message();
   EXPECT_FALSE(never.expired());
+}
+
+// Places that come up within one grain are taken in one wake-up of the
+// loop. Here they belong to deadlines set and then dropped, as a burst of
+// new upstream connections leaves its connect deadlines: one place every
+// ninth of a grain used to be one timer wake-up each.
+TEST(SocketDeadline, PlacesThatComeUpTogetherTakeOneWakeUp) {
+  net::io_context context;
+  constexpr int kPlaces = 8;
+  const auto step = SocketDeadline::kWakeupGrain / (kPlaces + 1);
+  std::vector<std::unique_ptr<tcp::socket>> sockets;
+  std::vector<std::unique_ptr<SocketDeadline>> deadlines;
+  const auto first = Clock::now() + 30ms;
+  for (int i = 0; i < kPlaces; ++i) {
+    sockets.push_back(std::make_unique<tcp::socket>(context));
+    deadlines.push_back(std::make_unique<SocketDeadline>(*sockets.back()));
+    deadlines.back()->expires_at(first + i * step);
+    deadlines.back()->expires_never();
+  }
+  // Every handler the loop runs here is a wake-up of the queue's timer. The
+  // places span less than a grain, so at most one boundary falls among them.
+  const auto wakeups = context.run_for(2s);
+  EXPECT_GE(wakeups, 1u);
+  EXPECT_LE(wakeups, 2u);
+  EXPECT_TRUE(context.stopped()) << "the queue kept its timer armed";
+  for (const auto& deadline : deadlines) EXPECT_FALSE(deadline->expired());
 }
 
 // A coroutine still waiting when its context goes away is destroyed with
