@@ -1,6 +1,7 @@
 #include "compare.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -123,6 +124,28 @@ TEST(Compare, PoolsEveryRoundsSamplesForTheTails) {
   EXPECT_EQ(ratio["numerator"], "slower");
   EXPECT_EQ(ratio["denominator"], "slow");
   EXPECT_DOUBLE_EQ(ratio["values"]["pooled_ttft_p99_us"].get<double>(), slower_added / slow_added);
+}
+
+// A target's processes are charged with their CPU time and with how often
+// their threads slept. Here the test's own process is charged for "slow":
+// its load generator's thread has nothing to do while each request waits
+// out the mock's 2 ms, so it sleeps at least once per request.
+TEST(Compare, CountsTheSleepsOfATargetsProcesses) {
+  auto direct = start_mock(0ms);
+  auto slow = start_mock(2ms);
+  auto slower = start_mock(4ms);
+  auto arguments = three_targets(*direct, *slow, *slower, "1");
+  arguments.insert(arguments.end(), {"--cpu-pid", "slow=" + std::to_string(getpid())});
+  const CompareRun run = run_compare_with(arguments, "sleeps");
+
+  EXPECT_NE(run.table.find("| sleeps/req |"), std::string::npos) << run.table;
+  const auto& charged = target_named(run.document, "slow")["rounds"][0];
+  ASSERT_TRUE(charged.contains("sleeps_per_request")) << charged.dump();
+  EXPECT_GE(charged["sleeps_per_request"].get<double>(), 1.0);
+  EXPECT_TRUE(charged.contains("cpu_us_per_request")) << charged.dump();
+  // No process is charged for the others.
+  const auto& uncharged = target_named(run.document, "slower")["rounds"][0];
+  EXPECT_FALSE(uncharged.contains("sleeps_per_request")) << uncharged.dump();
 }
 
 TEST(Compare, OneRoundPrintsNoPooledRows) {

@@ -5,13 +5,17 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -40,6 +44,7 @@ struct CompareTarget {
 struct RoundValue {
   RunSummary summary;
   double cpu_us_per_request = kMissing;
+  double sleeps_per_request = kMissing;
 };
 
 struct Metric {
@@ -77,6 +82,8 @@ const Metric kMetrics[] = {
     {"req/s", "requests_per_second",
      [](const RoundValue& v) { return v.summary.requests_per_second; }, true},
     {"CPU µs/req", "cpu_us_per_request", [](const RoundValue& v) { return v.cpu_us_per_request; },
+     false, true},
+    {"sleeps/req", "sleeps_per_request", [](const RoundValue& v) { return v.sleeps_per_request; },
      false, true},
 };
 
@@ -166,12 +173,36 @@ std::optional<std::uint64_t> cpu_ticks(int pid) {
   return user + system;
 }
 
-std::optional<std::uint64_t> total_cpu_ticks(const std::vector<int>& pids) {
+// How often the threads of a process went to sleep of their own accord (a
+// wait for the next event, a contended lock): voluntary_ctxt_switches summed
+// over /proc/PID/task. Each sleep is a wake-up later, which costs CPU time
+// and, for the request that wakes it, latency.
+std::optional<std::uint64_t> voluntary_sleeps(int pid) {
+  std::error_code error;
+  std::filesystem::directory_iterator tasks("/proc/" + std::to_string(pid) + "/task", error);
+  if (error) return std::nullopt;
+  std::uint64_t total = 0;
+  for (const auto& task : tasks) {
+    std::ifstream status(task.path() / "status");
+    std::string line;
+    constexpr std::string_view kKey = "voluntary_ctxt_switches:";
+    while (std::getline(status, line)) {
+      if (line.compare(0, kKey.size(), kKey) != 0) continue;
+      total += std::stoull(line.substr(kKey.size()));
+      break;
+    }
+  }
+  return total;
+}
+
+// A count summed over processes; missing when one of them is gone.
+std::optional<std::uint64_t> sum_over(const std::vector<int>& pids,
+                                      std::optional<std::uint64_t> (*count)(int pid)) {
   std::uint64_t total = 0;
   for (int pid : pids) {
-    auto ticks = cpu_ticks(pid);
-    if (!ticks) return std::nullopt;
-    total += *ticks;
+    auto one = count(pid);
+    if (!one) return std::nullopt;
+    total += *one;
   }
   return total;
 }
@@ -218,6 +249,10 @@ void print_progress(std::size_t round, std::size_t rounds, const CompareTarget& 
   }
   if (!std::isnan(value.cpu_us_per_request)) {
     std::snprintf(line, sizeof line, "  cpu %.1f µs/req", value.cpu_us_per_request);
+    std::cerr << line;
+  }
+  if (!std::isnan(value.sleeps_per_request)) {
+    std::snprintf(line, sizeof line, "  %.2f sleeps/req", value.sleeps_per_request);
     std::cerr << line;
   }
   if (s.errors > 0) {
@@ -318,15 +353,21 @@ int run_compare(int argc, char** argv, int first) {
     for (std::size_t k = 0; k < targets.size(); ++k) {
       const std::size_t t = (round - 1 + k) % targets.size();
       CompareTarget& target = targets[t];
-      const auto ticks_before = total_cpu_ticks(target.cpu_pids);
+      const auto ticks_before = sum_over(target.cpu_pids, cpu_ticks);
+      const auto sleeps_before = sum_over(target.cpu_pids, voluntary_sleeps);
       RunResult result = run_load(target.url, options, target.request);
-      const auto ticks_after = total_cpu_ticks(target.cpu_pids);
+      const auto ticks_after = sum_over(target.cpu_pids, cpu_ticks);
+      const auto sleeps_after = sum_over(target.cpu_pids, voluntary_sleeps);
 
       RoundValue value;
       value.summary = summarize(result);
       if (!target.cpu_pids.empty() && ticks_before && ticks_after && result.exchanges > 0) {
         value.cpu_us_per_request = static_cast<double>(*ticks_after - *ticks_before) *
                                    seconds_per_tick * 1e6 / static_cast<double>(result.exchanges);
+      }
+      if (!target.cpu_pids.empty() && sleeps_before && sleeps_after && result.exchanges > 0) {
+        value.sleeps_per_request = static_cast<double>(*sleeps_after - *sleeps_before) /
+                                   static_cast<double>(result.exchanges);
       }
       print_progress(round, rounds, target, value);
       values[t].push_back(value);
@@ -452,7 +493,8 @@ int run_compare(int argc, char** argv, int first) {
     std::cout << (i == 0 ? "; " : ", ") << ratio_name(ratio_pairs[i]);
   }
   if (!ratio_pairs.empty()) std::cout << " = ratio of the added figures";
-  std::cout << ". CPU µs/req = the target process's user+system time per request.";
+  std::cout << ". CPU µs/req = the target process's user+system time per request; sleeps/req ="
+               " how often its threads went to sleep (voluntary context switches) per request.";
   if (rounds >= 2) {
     std::cout << " \"rounds pooled\" rows: the P99 of all rounds' samples together, and its"
                  " difference to "
@@ -478,6 +520,9 @@ int run_compare(int argc, char** argv, int first) {
         nlohmann::json round_json = to_json(value.summary);
         if (!std::isnan(value.cpu_us_per_request)) {
           round_json["cpu_us_per_request"] = value.cpu_us_per_request;
+        }
+        if (!std::isnan(value.sleeps_per_request)) {
+          round_json["sleeps_per_request"] = value.sleeps_per_request;
         }
         target_json["rounds"].push_back(std::move(round_json));
       }
