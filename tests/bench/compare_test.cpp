@@ -116,9 +116,11 @@ TEST(Compare, PoolsEveryRoundsSamplesForTheTails) {
   const double slower_added = document["pooled_added"]["slower"]["ttft_p99_us"].get<double>();
   EXPECT_DOUBLE_EQ(slow_added,
                    document["pooled"]["slow"]["ttft_p99_us"].get<double>() - direct_p99);
-  // The mocks wait 5 and 10 ms before the first event.
-  EXPECT_GE(slow_added, 4'000);
-  EXPECT_GE(slower_added, 9'000);
+  // The mocks wait 5 and 10 ms before the first event, so no sample comes
+  // sooner. (The added figures depend on direct's tail too, which one stall
+  // of a loaded machine can put at milliseconds.)
+  EXPECT_GE(document["pooled"]["slow"]["ttft_p99_us"].get<double>(), 5'000);
+  EXPECT_GE(document["pooled"]["slower"]["ttft_p99_us"].get<double>(), 10'000);
   ASSERT_EQ(document["ratios_of_added"].size(), 1u);
   const auto& ratio = document["ratios_of_added"][0];
   EXPECT_EQ(ratio["numerator"], "slower");
