@@ -81,12 +81,8 @@ class DeadlineQueue : public boost::asio::execution_context::service {
 
   // The first multiple of the grain at or after `when`.
   static TimePoint wakeup_for(TimePoint when) {
-    constexpr auto grain = SocketDeadline::kWakeupGrain;
-    auto rest = when.time_since_epoch() % grain;
-    if (rest < Clock::duration::zero()) rest += grain;
-    if (rest == Clock::duration::zero()) return when;
-    if (when > TimePoint::max() - grain) return TimePoint::max();
-    return when + (grain - rest);
+    if (when > TimePoint::max() - SocketDeadline::kWakeupGrain) return TimePoint::max();
+    return std::chrono::ceil<SocketDeadline::WakeupGrain>(when);
   }
 
   // A wait armed for later is superseded: it completes as aborted, or

@@ -2,6 +2,8 @@
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/intrusive/set_hook.hpp>
+#include <chrono>
+#include <ratio>
 
 #include "sluice/common/clock.hpp"
 #include "sluice/common/errors.hpp"
@@ -32,8 +34,8 @@ class SocketDeadline {
   // microseconds after the last, and most of them find their deadline moved
   // or gone when they come up (a connect's, say). One wake-up each cost a
   // burst of 2,000 streams hundreds of trips through epoll_wait.
-  static constexpr Clock::duration kWakeupGrain = std::chrono::milliseconds(10);
-
+  using WakeupGrain = std::chrono::duration<Clock::rep, std::centi>;  // 10 ms
+  static constexpr Clock::duration kWakeupGrain = WakeupGrain(1);
 
   explicit SocketDeadline(boost::asio::ip::tcp::socket& socket);
   ~SocketDeadline();
