@@ -131,11 +131,7 @@ __attribute__((target("avx2"))) inline StringBlock classify_string_block(__m256i
           static_cast<std::uint32_t>(_mm256_movemask_epi8(not_short_escapes))};
 }
 
-// Whether the 32 bytes of `block` break UTF-8 (RFC 3629), read on from
-// `before`, the 32 bytes ahead of them: a continuation byte where none is
-// due or none where one is, a byte no sequence has (C0, C1, F5 and up), or
-// a second byte outside its first byte's range (overlong forms, surrogates,
-// code points above U+10FFFF). ASCII bytes pass.
+// 32 bytes of `value`.
 __attribute__((target("avx2"))) inline __m256i bytes(int value) {
   return _mm256_set1_epi8(static_cast<char>(value));
 }
@@ -147,6 +143,11 @@ __attribute__((target("avx2"))) inline __m256i after_first_byte(__m256i back1, i
   return _mm256_and_si256(_mm256_cmpeq_epi8(back1, bytes(first)), out_of_range);
 }
 
+// Whether the 32 bytes of `block` break UTF-8 (RFC 3629), read on from
+// `before`, the 32 bytes ahead of them: a continuation byte where none is
+// due or none where one is, a byte no sequence has (C0, C1, F5 and up), or
+// a second byte outside its first byte's range (overlong forms, surrogates,
+// code points above U+10FFFF). ASCII bytes pass.
 __attribute__((target("avx2"))) inline bool breaks_utf8(__m256i block, __m256i before) {
   const __m256i zero = _mm256_setzero_si256();
   // The bytes one, two and three places back, across the two halves.

@@ -197,9 +197,6 @@ TEST(RequestBody, AcceptsAndRefusesAsAStrictJsonParser) {
   EXPECT_TRUE(inspect_request_body("\xef\xbb\xbf {\"model\":\"m\"}").ok());
 }
 
-// Strings are scanned 16 bytes at a time (8 without SSE2) while nothing in
-// them needs a closer look: whatever does must be found at every offset of
-// such a block, and in the bytes after the last whole block.
 // Chinese and Japanese text: a run of three-byte sequences with ASCII
 // punctuation and spaces between some of them.
 std::string cjk_run() {
@@ -215,6 +212,9 @@ std::vector<detail::StringScan> string_scans() {
   return scans;
 }
 
+// Strings are scanned 16 bytes at a time (8 without SSE2) while nothing in
+// them needs a closer look: whatever does must be found at every offset of
+// such a block, and in the bytes after the last whole block.
 TEST(RequestBody, EveryByteOfALongStringIsChecked) {
   struct Case {
     std::string inserted;
