@@ -9,7 +9,6 @@
 // the flaky deployments' own failures follow the mock's seeded sequence in
 // the order requests reach it.
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 
 #include <array>
 #include <boost/asio/as_tuple.hpp>
@@ -70,16 +69,6 @@ struct StreamResult {
   std::string deployment;
   std::string body;
 };
-
-// Raises the soft descriptor limit to the hard one; returns the new soft limit.
-std::size_t raise_descriptor_limit() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 1024;
-  limit.rlim_cur = limit.rlim_max;
-  setrlimit(RLIMIT_NOFILE, &limit);
-  getrlimit(RLIMIT_NOFILE, &limit);
-  return limit.rlim_cur == RLIM_INFINITY ? 1 << 20 : static_cast<std::size_t>(limit.rlim_cur);
-}
 
 std::uint64_t soak_seed() {
   const char* given = std::getenv("SLUICE_SOAK_SEED");

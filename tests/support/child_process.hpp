@@ -40,10 +40,11 @@ class ChildProcess {
   // The exit code; -1 if still running after `timeout` (it is then killed),
   // -2 if it ended by a signal.
   int wait_exit(std::chrono::milliseconds timeout);
+  // Whether the child has ended, without waiting; reaps it if so, keeping
+  // its exit code for wait_exit.
+  bool exited();
 
  private:
-  // Reaps the child if it has ended, keeping its exit code.
-  bool exited();
 
   pid_t pid_ = -1;
   int exit_code_ = -1;

@@ -1,5 +1,6 @@
 #include "support/gateway_fixture.hpp"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
@@ -89,6 +90,15 @@ bool eventually(const std::function<bool()>& condition, std::chrono::millisecond
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   return condition();
+}
+
+std::size_t raise_descriptor_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 1024;
+  limit.rlim_cur = limit.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &limit);
+  getrlimit(RLIMIT_NOFILE, &limit);
+  return limit.rlim_cur == RLIM_INFINITY ? 1 << 20 : static_cast<std::size_t>(limit.rlim_cur);
 }
 
 TempFile::TempFile(const std::string& content, const std::string& suffix) {

@@ -52,6 +52,10 @@ inline const std::string kNoWarmConnections = "        warm_connections: 0\n";
 bool eventually(const std::function<bool()>& condition,
                 std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
+// Raises the soft descriptor limit to the hard one, for this process and the
+// children it starts from now on; returns the new soft limit.
+std::size_t raise_descriptor_limit();
+
 // A file in the test's temp dir that is removed with the object.
 class TempFile {
  public:
