@@ -4,10 +4,12 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "support/child_process.hpp"
 #include "support/gateway_fixture.hpp"
@@ -286,6 +288,85 @@ TEST(SluiceBinary, WithBusyPollingItServesSaysSoAndStopsOnSigterm) {
             std::string::npos)
       << sluice.standard_error();
   client.close();
+  sluice.signal(SIGTERM);
+  EXPECT_EQ(sluice.wait_exit(10s), 0);
+}
+
+// Resident memory of process `pid` in KiB; 0 when it cannot be read.
+std::size_t resident_kib(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoul(line.substr(6));
+  }
+  return 0;
+}
+
+// What a burst of connections took is given back to the system once the
+// burst has ended, not kept until traffic comes again.
+TEST(SluiceBinary, GivesBackTheMemoryOfABurstOfStreamsOnceItEnds) {
+  const std::string binary = sluice_binary();
+  if (binary.empty()) GTEST_SKIP() << "sluice binary not found; set SLUICE_BINARY";
+  const auto bench = built_binary("SLUICE_BENCH_BINARY", "tools/bench/sluice-bench");
+  if (!bench) GTEST_SKIP() << "sluice-bench not found; set SLUICE_BENCH_BINARY";
+  {
+    // How soon freed memory goes back is the allocator's: sanitizer builds
+    // run on theirs, which keeps freed memory in quarantine on purpose.
+    ChildProcess version(binary, {"--version"});
+    ASSERT_EQ(version.wait_exit(10s), 0);
+    if (version.standard_output().find("allocator: mimalloc") == std::string::npos) {
+      GTEST_SKIP() << version.standard_output();
+    }
+  }
+  constexpr unsigned kStreams = 1000;
+  // Each stream holds a descriptor in the load generator and two in sluice.
+  ASSERT_GT(raise_descriptor_limit(), 2 * kStreams + 256);
+  mock::Behaviour held;
+  held.interval = 100ms;
+  held.tokens = 5;
+  auto upstream = start_mock(held, 2);
+  TempFile config(
+      "server:\n  listen: 127.0.0.1:0\n  admin_listen: off\n  threads: 2\n"
+      "log:\n  level: warn\n  access_log: off\nauth:\n  disabled: true\n"
+      "models:\n  - name: chat\n    deployments:\n" +
+          deployment_yaml("d1", upstream->base_url()),
+      ".yaml");
+  ChildProcess sluice(binary, {"--config", config.path()});
+  auto port = sluice.wait_for_listening_port(kListeningPrefix, 10s);
+  ASSERT_TRUE(port) << sluice.standard_error();
+  ASSERT_EQ(http_request(*port, "POST", "/v1/chat/completions", chat_body("chat", true)).status,
+            200u);
+  const std::size_t before = resident_kib(sluice.pid());
+  ASSERT_GT(before, 0u);
+
+  TempFile results("", ".json");
+  ChildProcess load(
+      *bench,
+      {"--url", "http://127.0.0.1:" + std::to_string(*port) + "/v1/chat/completions", "--model",
+       "chat", "--stream", "--concurrency", std::to_string(kStreams), "--duration", "300ms",
+       "--warmup", "0s", "--timeout", "20s", "--json", results.path()});
+  std::size_t peak = before;
+  const auto load_deadline = std::chrono::steady_clock::now() + 30s;
+  while (!load.exited() && std::chrono::steady_clock::now() < load_deadline) {
+    peak = std::max(peak, resident_kib(sluice.pid()));
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(load.wait_exit(0ms), 0) << load.standard_error();
+  const auto outcome = json::parse(std::ifstream(results.path()));
+  EXPECT_EQ(outcome["errors"], 0) << outcome.dump();
+  ASSERT_GE(outcome["ok"].get<unsigned>(), kStreams) << outcome.dump();
+  // About 14 KiB a held stream; well above what the process moves by alone.
+  ASSERT_GT(peak, before + 6 * 1024) << "before " << before << " KiB, peak " << peak << " KiB";
+
+  // Three quarters of what the burst took are back within a few seconds.
+  const std::size_t allowed = before + (peak - before) / 4;
+  std::size_t after = 0;
+  EXPECT_TRUE(eventually(
+      [&] {
+        after = resident_kib(sluice.pid());
+        return after <= allowed;
+      },
+      5s))
+      << "before " << before << " KiB, peak " << peak << " KiB, still " << after << " KiB";
   sluice.signal(SIGTERM);
   EXPECT_EQ(sluice.wait_exit(10s), 0);
 }
