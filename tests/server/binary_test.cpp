@@ -265,16 +265,22 @@ TEST(SluiceBinary, ReloadNamesChangedSettingsThatWaitForARestartAndAppliesTheLog
   EXPECT_EQ(sluice.wait_exit(10s), 0);
 }
 
+// A config with one model, "chat", on `base_url`: two threads, no admin
+// listener, no access log, no keys. `server_lines` and `log_lines` are added
+// to their sections.
+std::string open_chat_config(const std::string& base_url, const std::string& server_lines,
+                             const std::string& log_lines = "") {
+  return "server:\n  listen: 127.0.0.1:0\n  admin_listen: off\n  threads: 2\n" + server_lines +
+         "log:\n  access_log: off\n" + log_lines + "auth:\n  disabled: true\n" +
+         "models:\n  - name: chat\n    deployments:\n" + deployment_yaml("d1", base_url);
+}
+
 TEST(SluiceBinary, WithBusyPollingItServesSaysSoAndStopsOnSigterm) {
   const std::string binary = sluice_binary();
   if (binary.empty()) GTEST_SKIP() << "sluice binary not found; set SLUICE_BINARY";
   auto upstream = start_mock({});
   TempFile config(
-      "server:\n  listen: 127.0.0.1:0\n  admin_listen: off\n  threads: 2\n"
-      "  busy_poll_us: 200\n  drain_timeout: 5s\n"
-      "log:\n  access_log: off\nauth:\n  disabled: true\n"
-      "models:\n  - name: chat\n    deployments:\n" +
-          deployment_yaml("d1", upstream->base_url()),
+      open_chat_config(upstream->base_url(), "  busy_poll_us: 200\n  drain_timeout: 5s\n"),
       ".yaml");
   ChildProcess sluice(binary, {"--config", config.path()});
   auto port = sluice.wait_for_listening_port(kListeningPrefix, 10s);
@@ -324,12 +330,7 @@ TEST(SluiceBinary, GivesBackTheMemoryOfABurstOfStreamsOnceItEnds) {
   held.interval = 100ms;
   held.tokens = 5;
   auto upstream = start_mock(held, 2);
-  TempFile config(
-      "server:\n  listen: 127.0.0.1:0\n  admin_listen: off\n  threads: 2\n"
-      "log:\n  level: warn\n  access_log: off\nauth:\n  disabled: true\n"
-      "models:\n  - name: chat\n    deployments:\n" +
-          deployment_yaml("d1", upstream->base_url()),
-      ".yaml");
+  TempFile config(open_chat_config(upstream->base_url(), "", "  level: warn\n"), ".yaml");
   ChildProcess sluice(binary, {"--config", config.path()});
   auto port = sluice.wait_for_listening_port(kListeningPrefix, 10s);
   ASSERT_TRUE(port) << sluice.standard_error();
