@@ -1,6 +1,8 @@
 #include "sluice/common/socket_deadline.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <bit>
 #include <boost/asio/execution/context.hpp>
 #include <boost/asio/execution_context.hpp>
 #include <boost/asio/io_context.hpp>
@@ -9,6 +11,7 @@
 #include <boost/beast/core/error.hpp>
 #include <boost/intrusive/set.hpp>
 #include <cstdint>
+#include <ctime>
 
 namespace sluice {
 
@@ -41,22 +44,21 @@ class DeadlineQueue : public boost::asio::execution_context::service {
   void queue(SocketDeadline& deadline, TimePoint when) {
     if (shut_down_) return;
     unqueue(deadline);
-    deadline.queued_for_ = when;
-    place(deadline);
-    const auto wakeup = wakeup_for(when);
-    if (wakeup < armed_for_) arm(wakeup);
+    place(deadline, when, coarse_now());
+    if (deadline.wakes_at_ < armed_for_) arm(deadline.wakes_at_);
   }
 
   void unqueue(SocketDeadline& deadline) {
     if (!deadline.queued_hook_.is_linked()) return;
     queued_.erase(queued_.iterator_to(deadline));
     deadline.queued_for_ = TimePoint::max();
+    deadline.wakes_at_ = TimePoint::max();
   }
 
  private:
-  struct ByQueuedFor {
+  struct ByWakesAt {
     bool operator()(const SocketDeadline& a, const SocketDeadline& b) const {
-      return a.queued_for_ < b.queued_for_;
+      return a.wakes_at_ < b.wakes_at_;
     }
   };
   using Queued = boost::intrusive::multiset<
@@ -64,7 +66,7 @@ class DeadlineQueue : public boost::asio::execution_context::service {
       boost::intrusive::member_hook<SocketDeadline,
                                     boost::intrusive::set_member_hook<SocketDeadline::SafeLink>,
                                     &SocketDeadline::queued_hook_>,
-      boost::intrusive::compare<ByQueuedFor>>;
+      boost::intrusive::compare<ByWakesAt>>;
 
   // The context is going away: the sockets' pending operations are
   // destroyed without running. Coroutine frames destroyed with them, or
@@ -77,12 +79,20 @@ class DeadlineQueue : public boost::asio::execution_context::service {
 
   // Most deadlines are now plus a timeout, and so later than every one
   // queued before: at the end, where an insert costs no search.
-  void place(SocketDeadline& deadline) { queued_.insert(queued_.end(), deadline); }
+  void place(SocketDeadline& deadline, TimePoint when, TimePoint now) {
+    deadline.queued_for_ = when;
+    deadline.wakes_at_ = SocketDeadline::wakeup_for(when, now);
+    queued_.insert(queued_.end(), deadline);
+  }
 
-  // The first multiple of the grain at or after `when`.
-  static TimePoint wakeup_for(TimePoint when) {
-    if (when > TimePoint::max() - SocketDeadline::kWakeupGrain) return TimePoint::max();
-    return std::chrono::ceil<SocketDeadline::WakeupGrain>(when);
+  // The steady clock as of the kernel's last tick (a few milliseconds
+  // behind at most, never ahead), read without the time stamp counter: it
+  // only tells how far off a place is, and every request queues a few.
+  static TimePoint coarse_now() {
+    timespec coarse{};
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &coarse);
+    return TimePoint(std::chrono::seconds(coarse.tv_sec) +
+                     std::chrono::nanoseconds(coarse.tv_nsec));
   }
 
   // A wait armed for later is superseded: it completes as aborted, or
@@ -99,14 +109,13 @@ class DeadlineQueue : public boost::asio::execution_context::service {
   void on_timer() {
     armed_for_ = TimePoint::max();
     const auto now = Clock::now();
-    while (!queued_.empty() && queued_.begin()->queued_for_ <= now) {
+    while (!queued_.empty() && queued_.begin()->wakes_at_ <= now) {
       auto& deadline = *queued_.begin();
       unqueue(deadline);
       if (deadline.deadline_ == TimePoint::max()) continue;
       if (now < deadline.deadline_) {
         // Moved later since it was queued.
-        deadline.queued_for_ = deadline.deadline_;
-        place(deadline);
+        place(deadline, deadline.deadline_, now);
         continue;
       }
       deadline.expired_ = true;
@@ -114,7 +123,7 @@ class DeadlineQueue : public boost::asio::execution_context::service {
       error_code ignored;
       deadline.socket_.cancel(ignored);
     }
-    if (!queued_.empty()) arm(wakeup_for(queued_.begin()->queued_for_));
+    if (!queued_.empty()) arm(queued_.begin()->wakes_at_);
   }
 
   boost::asio::steady_timer timer_;
@@ -158,6 +167,22 @@ SocketDeadline::~SocketDeadline() {
 }
 
 void SocketDeadline::queue_sooner(TimePoint when) { queue_->queue(*this, when); }
+
+Clock::duration SocketDeadline::grain_for(Clock::duration distance) {
+  if (distance >= kFullGrainDistance) return kWakeupGrain;
+  const auto sixteenth = std::max<Clock::rep>(distance.count() / 16, 1);
+  return Clock::duration(
+      static_cast<Clock::rep>(std::bit_floor(static_cast<std::uint64_t>(sixteenth))));
+}
+
+TimePoint SocketDeadline::wakeup_for(TimePoint when, TimePoint now) {
+  if (when > TimePoint::max() - kWakeupGrain) return TimePoint::max();
+  if (when - now >= kFullGrainDistance) return std::chrono::ceil<WakeupGrain>(when);
+  // A power of two: the first multiple at or after `when` (which may be past).
+  const auto grain = grain_for(when - now);
+  const auto rest = when.time_since_epoch().count() & (grain.count() - 1);
+  return rest == 0 ? when : when + (grain - Clock::duration(rest));
+}
 
 error_code SocketDeadline::translate(error_code ec) const {
   if (ec && expired_ && ec == boost::asio::error::operation_aborted) {

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/detached.hpp>
@@ -179,27 +180,60 @@ TEST(SocketDeadline, DeadlinesOfSeveralSocketsEachFireAtTheirOwnTime) {
 // Places that come up within one grain are taken in one wake-up of the
 // loop. Here they belong to deadlines set and then dropped, as a burst of
 // new upstream connections leaves its connect deadlines: one place every
-// ninth of a grain used to be one timer wake-up each.
+// ninth of a grain used to be one timer wake-up each. Far places (a
+// connect's 2 s) share the full grain, near ones a sixteenth of their
+// distance.
 TEST(SocketDeadline, PlacesThatComeUpTogetherTakeOneWakeUp) {
-  net::io_context context;
-  constexpr int kPlaces = 8;
-  const auto step = SocketDeadline::kWakeupGrain / (kPlaces + 1);
-  std::vector<std::unique_ptr<tcp::socket>> sockets;
-  std::vector<std::unique_ptr<SocketDeadline>> deadlines;
-  const auto first = Clock::now() + 30ms;
-  for (int i = 0; i < kPlaces; ++i) {
-    sockets.push_back(std::make_unique<tcp::socket>(context));
-    deadlines.push_back(std::make_unique<SocketDeadline>(*sockets.back()));
-    deadlines.back()->expires_at(first + i * step);
-    deadlines.back()->expires_never();
+  for (const auto distance : {SocketDeadline::kFullGrainDistance + 30ms, Clock::duration(40ms)}) {
+    SCOPED_TRACE(to_ms(distance));
+    const auto grain = SocketDeadline::grain_for(distance);
+    net::io_context context;
+    constexpr int kPlaces = 8;
+    const auto step = grain / (kPlaces + 1);
+    std::vector<std::unique_ptr<tcp::socket>> sockets;
+    std::vector<std::unique_ptr<SocketDeadline>> deadlines;
+    const auto first = Clock::now() + distance;
+    for (int i = 0; i < kPlaces; ++i) {
+      sockets.push_back(std::make_unique<tcp::socket>(context));
+      deadlines.push_back(std::make_unique<SocketDeadline>(*sockets.back()));
+      deadlines.back()->expires_at(first + i * step);
+      deadlines.back()->expires_never();
+    }
+    // Every handler the loop runs here is a wake-up of the queue's timer. The
+    // places span less than a grain, so at most one boundary falls among them.
+    const auto wakeups = context.run_for(2s);
+    EXPECT_GE(wakeups, 1u);
+    EXPECT_LE(wakeups, 2u);
+    EXPECT_TRUE(context.stopped()) << "the queue kept its timer armed";
+    for (const auto& deadline : deadlines) EXPECT_FALSE(deadline->expired());
   }
-  // Every handler the loop runs here is a wake-up of the queue's timer. The
-  // places span less than a grain, so at most one boundary falls among them.
-  const auto wakeups = context.run_for(2s);
-  EXPECT_GE(wakeups, 1u);
-  EXPECT_LE(wakeups, 2u);
-  EXPECT_TRUE(context.stopped()) << "the queue kept its timer armed";
-  for (const auto& deadline : deadlines) EXPECT_FALSE(deadline->expired());
+}
+
+// A place queued far off waits for the next mark of the full grain; a
+// nearer one for at most a sixteenth of its distance, so that a short
+// timeout is not stretched by half. A place already past is not delayed.
+TEST(SocketDeadline, WakeUpComesWithinTheGrainOfThePlacesDistance) {
+  // Not on any grain's mark, so that every place is rounded.
+  const TimePoint now(123'456'789ns);
+  for (const auto distance : {Clock::duration(1ms), Clock::duration(10ms), Clock::duration(50ms),
+                              SocketDeadline::kFullGrainDistance - 1ns}) {
+    SCOPED_TRACE(to_ms(distance));
+    const auto when = now + distance;
+    const auto wakeup = SocketDeadline::wakeup_for(when, now);
+    EXPECT_GE(wakeup, when);
+    EXPECT_LE(wakeup - when, distance / 16);
+  }
+  for (const auto distance :
+       {SocketDeadline::kFullGrainDistance, Clock::duration(2s), Clock::duration(75s)}) {
+    SCOPED_TRACE(to_ms(distance));
+    const auto when = now + distance;
+    const auto wakeup = SocketDeadline::wakeup_for(when, now);
+    EXPECT_GE(wakeup, when);
+    EXPECT_LT(wakeup - when, SocketDeadline::kWakeupGrain);
+    EXPECT_EQ(wakeup.time_since_epoch() % SocketDeadline::kWakeupGrain, Clock::duration::zero());
+  }
+  EXPECT_EQ(SocketDeadline::wakeup_for(now - 5ms, now), now - 5ms);
+  EXPECT_EQ(SocketDeadline::wakeup_for(TimePoint::max(), now), TimePoint::max());
 }
 
 // A coroutine still waiting when its context goes away is destroyed with
