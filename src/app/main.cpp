@@ -94,7 +94,7 @@ int run(const std::string& path) {
       auto reloaded = sluice::config::load_file(path);
       sluice::config::require_auth_or_explicit_opt_out(*reloaded);
       sluice::set_log_level(reloaded->log.level);
-      auto restart_required = gateway.apply(std::move(reloaded));
+      auto restart_required = gateway.apply(reloaded);
       spdlog::info("config reloaded from {}", path);
       if (!restart_required.empty()) {
         std::string settings;
