@@ -29,9 +29,10 @@ class DeadlineQueue;
 class SocketDeadline {
  public:
   // The queue wakes its loop only on multiples of a grain, and takes every
-  // place that came up by then: a deadline fires up to a grain late. Why: a burst of connections
-  // queues one place per connection, each a few microseconds after the last, and most of them find
-  // their deadline moved or gone when they come up (a connect's, say). One wake-up each cost a
+  // place that came up by then: a deadline fires up to a grain late.
+  // Why: a burst of connections queues one place per connection, each a few
+  // microseconds after the last, and most of them find their deadline moved
+  // or gone when they come up (a connect's, say). One wake-up each cost a
   // burst of 2,000 streams hundreds of trips through epoll_wait.
   // The grain is this for places at least kFullGrainDistance off when they
   // are queued, as the deadlines of connects, reads and idle waits are, and
