@@ -9,7 +9,6 @@
 #include <future>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <thread>
 
 #include "support/child_process.hpp"
 #include "support/gateway_fixture.hpp"
@@ -346,11 +345,12 @@ TEST(SluiceBinary, GivesBackTheMemoryOfABurstOfStreamsOnceItEnds) {
        "chat", "--stream", "--concurrency", std::to_string(kStreams), "--duration", "300ms",
        "--warmup", "0s", "--timeout", "20s", "--json", results.path()});
   std::size_t peak = before;
-  const auto load_deadline = std::chrono::steady_clock::now() + 30s;
-  while (!load.exited() && std::chrono::steady_clock::now() < load_deadline) {
-    peak = std::max(peak, resident_kib(sluice.pid()));
-    std::this_thread::sleep_for(10ms);
-  }
+  eventually(
+      [&] {
+        peak = std::max(peak, resident_kib(sluice.pid()));
+        return load.exited();
+      },
+      30s);
   ASSERT_EQ(load.wait_exit(0ms), 0) << load.standard_error();
   const auto outcome = json::parse(std::ifstream(results.path()));
   EXPECT_EQ(outcome["errors"], 0) << outcome.dump();

@@ -45,7 +45,6 @@ class ChildProcess {
   bool exited();
 
  private:
-
   pid_t pid_ = -1;
   int exit_code_ = -1;
   TempFile stdout_file_;
