@@ -22,6 +22,16 @@ bool contains(const List& list, const config::Deployment* deployment) {
   return std::find(list.begin(), list.end(), deployment) != list.end();
 }
 
+// Built in the parameter it is passed to: moving a small_vector out of its
+// inline storage makes GCC 12 warn of an overread it cannot rule out.
+DeploymentList with_one_more(const DeploymentList& list, const config::Deployment* deployment) {
+  DeploymentList extended;
+  extended.reserve(list.size() + 1);
+  extended.assign(list.begin(), list.end());
+  extended.push_back(deployment);
+  return extended;
+}
+
 bool same_upstream(const config::Deployment& a, const config::Deployment& b) {
   return a.base_url.scheme == b.base_url.scheme && a.base_url.host == b.base_url.host &&
          a.base_url.port == b.base_url.port && a.base_url.path_prefix == b.base_url.path_prefix &&
@@ -349,9 +359,8 @@ std::optional<Attempt> Plan::next(TimePoint now) {
     const bool avoid_timed_out = last_failed_timed_out_ && last_failed_ != nullptr &&
                                  !contains(tried_in_group_, last_failed_);
     if (avoid_timed_out) {
-      auto exclude = tried_in_group_;
-      exclude.push_back(last_failed_);
-      taken = take_in_group(group, std::move(exclude), allow_cooling, now);
+      taken =
+          take_in_group(group, with_one_more(tried_in_group_, last_failed_), allow_cooling, now);
     }
     if (!taken) taken = take_in_group(group, tried_in_group_, allow_cooling, now);
 
