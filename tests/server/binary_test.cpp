@@ -342,8 +342,8 @@ TEST(SluiceBinary, GivesBackTheMemoryOfABurstOfStreamsOnceItEnds) {
   ChildProcess load(
       *bench,
       {"--url", "http://127.0.0.1:" + std::to_string(*port) + "/v1/chat/completions", "--model",
-       "chat", "--stream", "--concurrency", std::to_string(kStreams), "--duration", "300ms",
-       "--warmup", "0s", "--timeout", "20s", "--json", results.path()});
+       "chat", "--stream", "--concurrency", std::to_string(kStreams), "--requests",
+       std::to_string(kStreams), "--warmup", "0s", "--timeout", "20s", "--json", results.path()});
   std::size_t peak = before;
   eventually(
       [&] {
@@ -358,8 +358,11 @@ TEST(SluiceBinary, GivesBackTheMemoryOfABurstOfStreamsOnceItEnds) {
   // About 14 KiB a held stream; well above what the process moves by alone.
   ASSERT_GT(peak, before + 6 * 1024) << "before " << before << " KiB, peak " << peak << " KiB";
 
-  // Three quarters of what the burst took are back within a few seconds.
-  const std::size_t allowed = before + (peak - before) / 4;
+  // Half of what the burst took is back within a few seconds. About a
+  // quarter stays (Asio keeps the state of every descriptor it has watched
+  // for reuse); with freed pages decommitted only on the thread's next
+  // allocation, more than nine tenths stayed.
+  const std::size_t allowed = before + (peak - before) / 2;
   std::size_t after = 0;
   EXPECT_TRUE(eventually(
       [&] {
