@@ -1,6 +1,9 @@
 #include "compare.hpp"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -148,6 +151,80 @@ TEST(Compare, CountsTheSleepsOfATargetsProcesses) {
   // No process is charged for the others.
   const auto& uncharged = target_named(run.document, "slower")["rounds"][0];
   EXPECT_FALSE(uncharged.contains("sleeps_per_request")) << uncharged.dump();
+}
+
+// A child process that keeps one core busy until it is destroyed (or for
+// at most 20 s): making system calls that do nothing, so that most of its
+// time is the kernel's, or adding in user space.
+class BusyChild {
+ public:
+  enum class Where { kernel, user };
+  explicit BusyChild(Where where) : pid_(fork()) {
+    if (pid_ != 0) return;
+    const auto until = std::chrono::steady_clock::now() + 20s;
+    volatile unsigned long sum = 0;
+    while (std::chrono::steady_clock::now() < until) {
+      for (unsigned i = 0; i < 1000; ++i) {
+        if (where == Where::kernel) {
+          syscall(SYS_getppid);
+        } else {
+          sum = sum + i * i;
+        }
+      }
+    }
+    _exit(0);
+  }
+  BusyChild(const BusyChild&) = delete;
+  BusyChild& operator=(const BusyChild&) = delete;
+  ~BusyChild() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_;
+};
+
+// The kernel's part of a target's CPU time is told apart from the user
+// part: "slow" is charged with a process that only makes system calls,
+// "slower" with one that only computes.
+TEST(Compare, ChargesTheKernelsPartOfTheCpuTimeApart) {
+  auto direct = start_mock(0ms);
+  auto slow = start_mock(2ms);
+  auto slower = start_mock(4ms);
+  BusyChild calling(BusyChild::Where::kernel);
+  BusyChild computing(BusyChild::Where::user);
+  ASSERT_GT(calling.pid(), 0);
+  ASSERT_GT(computing.pid(), 0);
+  const std::vector<std::string> arguments = {
+      "--target",   "direct=" + direct->base_url() + "/chat/completions",
+      "--target",   "slow=" + slow->base_url() + "/chat/completions",
+      "--target",   "slower=" + slower->base_url() + "/chat/completions",
+      "--cpu-pid",  "slow=" + std::to_string(calling.pid()),
+      "--cpu-pid",  "slower=" + std::to_string(computing.pid()),
+      "--rounds",   "1",
+      "--model",    "bench-model",
+      "--duration", "500ms",
+      "--warmup",   "0s",
+      "--timeout",  "10s"};
+  const CompareRun run = run_compare_with(arguments, "kernel");
+
+  EXPECT_NE(run.table.find("| kernel µs/req |"), std::string::npos) << run.table;
+  const auto& calls = target_named(run.document, "slow")["rounds"][0];
+  const auto& sums = target_named(run.document, "slower")["rounds"][0];
+  ASSERT_TRUE(calls.contains("kernel_us_per_request")) << calls.dump();
+  ASSERT_TRUE(sums.contains("kernel_us_per_request")) << sums.dump();
+  const double calls_cpu = calls["cpu_us_per_request"].get<double>();
+  const double sums_cpu = sums["cpu_us_per_request"].get<double>();
+  ASSERT_GT(calls_cpu, 0.0) << calls.dump();
+  ASSERT_GT(sums_cpu, 0.0) << sums.dump();
+  // Most of a system call's time is the kernel's; what is left is entering
+  // and leaving it, which the clock ticks partly find in user mode.
+  EXPECT_GE(calls["kernel_us_per_request"].get<double>(), calls_cpu / 3) << calls.dump();
+  EXPECT_LE(sums["kernel_us_per_request"].get<double>(), sums_cpu / 10) << sums.dump();
+  EXPECT_FALSE(target_named(run.document, "direct")["rounds"][0].contains("kernel_us_per_request"));
 }
 
 TEST(Compare, OneRoundPrintsNoPooledRows) {

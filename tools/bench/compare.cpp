@@ -44,6 +44,7 @@ struct CompareTarget {
 struct RoundValue {
   RunSummary summary;
   double cpu_us_per_request = kMissing;
+  double kernel_us_per_request = kMissing;
   double sleeps_per_request = kMissing;
 };
 
@@ -83,6 +84,8 @@ const Metric kMetrics[] = {
      [](const RoundValue& v) { return v.summary.requests_per_second; }, true},
     {"CPU µs/req", "cpu_us_per_request", [](const RoundValue& v) { return v.cpu_us_per_request; },
      false, true},
+    {"kernel µs/req", "kernel_us_per_request",
+     [](const RoundValue& v) { return v.kernel_us_per_request; }, false, true},
     {"sleeps/req", "sleeps_per_request", [](const RoundValue& v) { return v.sleeps_per_request; },
      false, true},
 };
@@ -152,8 +155,13 @@ std::string format_ratio(double ratio) {
   return text;
 }
 
-// utime + stime of a process (all its threads), in clock ticks.
-std::optional<std::uint64_t> cpu_ticks(int pid) {
+struct Ticks {
+  std::uint64_t user = 0;
+  std::uint64_t system = 0;
+};
+
+// utime and stime of a process (all its threads), in clock ticks.
+std::optional<Ticks> stat_ticks(int pid) {
   std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
   if (!std::getline(file, line)) return std::nullopt;
@@ -163,14 +171,26 @@ std::optional<std::uint64_t> cpu_ticks(int pid) {
   if (name_end == std::string::npos) return std::nullopt;
   std::istringstream fields(line.substr(name_end + 2));
   std::string field;
-  std::uint64_t user = 0;
-  std::uint64_t system = 0;
+  Ticks ticks;
   // After the name: state is field 3, utime field 14, stime field 15.
   for (int number = 3; number <= 15 && fields >> field; ++number) {
-    if (number == 14) user = std::stoull(field);
-    if (number == 15) system = std::stoull(field);
+    if (number == 14) ticks.user = std::stoull(field);
+    if (number == 15) ticks.system = std::stoull(field);
   }
-  return user + system;
+  return ticks;
+}
+
+std::optional<std::uint64_t> cpu_ticks(int pid) {
+  const auto ticks = stat_ticks(pid);
+  if (!ticks) return std::nullopt;
+  return ticks->user + ticks->system;
+}
+
+// The kernel's share of cpu_ticks: system calls, and sleeping and waking.
+std::optional<std::uint64_t> kernel_ticks(int pid) {
+  const auto ticks = stat_ticks(pid);
+  if (!ticks) return std::nullopt;
+  return ticks->system;
 }
 
 // How often the threads of a process went to sleep of their own accord (a
@@ -354,21 +374,27 @@ int run_compare(int argc, char** argv, int first) {
       const std::size_t t = (round - 1 + k) % targets.size();
       CompareTarget& target = targets[t];
       const auto ticks_before = sum_over(target.cpu_pids, cpu_ticks);
+      const auto kernel_before = sum_over(target.cpu_pids, kernel_ticks);
       const auto sleeps_before = sum_over(target.cpu_pids, voluntary_sleeps);
       RunResult result = run_load(target.url, options, target.request);
       const auto ticks_after = sum_over(target.cpu_pids, cpu_ticks);
+      const auto kernel_after = sum_over(target.cpu_pids, kernel_ticks);
       const auto sleeps_after = sum_over(target.cpu_pids, voluntary_sleeps);
 
+      // A count's growth over the run per request; missing when no process
+      // is charged or one of them is gone.
+      const auto per_request = [&](std::optional<std::uint64_t> before,
+                                   std::optional<std::uint64_t> after, double scale) {
+        if (target.cpu_pids.empty() || !before || !after || result.exchanges == 0) return kMissing;
+        return static_cast<double>(*after - *before) * scale /
+               static_cast<double>(result.exchanges);
+      };
       RoundValue value;
       value.summary = summarize(result);
-      if (!target.cpu_pids.empty() && ticks_before && ticks_after && result.exchanges > 0) {
-        value.cpu_us_per_request = static_cast<double>(*ticks_after - *ticks_before) *
-                                   seconds_per_tick * 1e6 / static_cast<double>(result.exchanges);
-      }
-      if (!target.cpu_pids.empty() && sleeps_before && sleeps_after && result.exchanges > 0) {
-        value.sleeps_per_request = static_cast<double>(*sleeps_after - *sleeps_before) /
-                                   static_cast<double>(result.exchanges);
-      }
+      value.cpu_us_per_request = per_request(ticks_before, ticks_after, seconds_per_tick * 1e6);
+      value.kernel_us_per_request =
+          per_request(kernel_before, kernel_after, seconds_per_tick * 1e6);
+      value.sleeps_per_request = per_request(sleeps_before, sleeps_after, 1.0);
       print_progress(round, rounds, target, value);
       values[t].push_back(value);
       target.merged.merge(result);
@@ -493,8 +519,9 @@ int run_compare(int argc, char** argv, int first) {
     std::cout << (i == 0 ? "; " : ", ") << ratio_name(ratio_pairs[i]);
   }
   if (!ratio_pairs.empty()) std::cout << " = ratio of the added figures";
-  std::cout << ". CPU µs/req = the target process's user+system time per request; sleeps/req ="
-               " how often its threads went to sleep (voluntary context switches) per request.";
+  std::cout << ". CPU µs/req = the target process's user+system time per request, kernel µs/req"
+               " the system part of it; sleeps/req = how often its threads went to sleep"
+               " (voluntary context switches) per request.";
   if (rounds >= 2) {
     std::cout << " \"rounds pooled\" rows: the P99 of all rounds' samples together, and its"
                  " difference to "
@@ -520,6 +547,9 @@ int run_compare(int argc, char** argv, int first) {
         nlohmann::json round_json = to_json(value.summary);
         if (!std::isnan(value.cpu_us_per_request)) {
           round_json["cpu_us_per_request"] = value.cpu_us_per_request;
+        }
+        if (!std::isnan(value.kernel_us_per_request)) {
+          round_json["kernel_us_per_request"] = value.kernel_us_per_request;
         }
         if (!std::isnan(value.sleeps_per_request)) {
           round_json["sleeps_per_request"] = value.sleeps_per_request;
