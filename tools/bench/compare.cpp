@@ -158,6 +158,13 @@ std::string format_ratio(double ratio) {
 struct Ticks {
   std::uint64_t user = 0;
   std::uint64_t system = 0;
+
+  std::uint64_t all() const { return user + system; }
+  Ticks& operator+=(const Ticks& other) {
+    user += other.user;
+    system += other.system;
+    return *this;
+  }
 };
 
 // utime and stime of a process (all its threads), in clock ticks.
@@ -178,19 +185,6 @@ std::optional<Ticks> stat_ticks(int pid) {
     if (number == 15) ticks.system = std::stoull(field);
   }
   return ticks;
-}
-
-std::optional<std::uint64_t> cpu_ticks(int pid) {
-  const auto ticks = stat_ticks(pid);
-  if (!ticks) return std::nullopt;
-  return ticks->user + ticks->system;
-}
-
-// The kernel's share of cpu_ticks: system calls, and sleeping and waking.
-std::optional<std::uint64_t> kernel_ticks(int pid) {
-  const auto ticks = stat_ticks(pid);
-  if (!ticks) return std::nullopt;
-  return ticks->system;
 }
 
 // How often the threads of a process went to sleep of their own accord (a
@@ -216,9 +210,10 @@ std::optional<std::uint64_t> voluntary_sleeps(int pid) {
 }
 
 // A count summed over processes; missing when one of them is gone.
-std::optional<std::uint64_t> sum_over(const std::vector<int>& pids,
-                                      std::optional<std::uint64_t> (*count)(int pid)) {
-  std::uint64_t total = 0;
+template <class Count>
+std::optional<Count> sum_over(const std::vector<int>& pids,
+                              std::optional<Count> (*count)(int pid)) {
+  Count total{};
   for (int pid : pids) {
     auto one = count(pid);
     if (!one) return std::nullopt;
@@ -373,28 +368,28 @@ int run_compare(int argc, char** argv, int first) {
     for (std::size_t k = 0; k < targets.size(); ++k) {
       const std::size_t t = (round - 1 + k) % targets.size();
       CompareTarget& target = targets[t];
-      const auto ticks_before = sum_over(target.cpu_pids, cpu_ticks);
-      const auto kernel_before = sum_over(target.cpu_pids, kernel_ticks);
+      const auto ticks_before = sum_over(target.cpu_pids, stat_ticks);
       const auto sleeps_before = sum_over(target.cpu_pids, voluntary_sleeps);
       RunResult result = run_load(target.url, options, target.request);
-      const auto ticks_after = sum_over(target.cpu_pids, cpu_ticks);
-      const auto kernel_after = sum_over(target.cpu_pids, kernel_ticks);
+      const auto ticks_after = sum_over(target.cpu_pids, stat_ticks);
       const auto sleeps_after = sum_over(target.cpu_pids, voluntary_sleeps);
 
-      // A count's growth over the run per request; missing when no process
-      // is charged or one of them is gone.
-      const auto per_request = [&](std::optional<std::uint64_t> before,
-                                   std::optional<std::uint64_t> after, double scale) {
-        if (target.cpu_pids.empty() || !before || !after || result.exchanges == 0) return kMissing;
-        return static_cast<double>(*after - *before) * scale /
-               static_cast<double>(result.exchanges);
-      };
       RoundValue value;
       value.summary = summarize(result);
-      value.cpu_us_per_request = per_request(ticks_before, ticks_after, seconds_per_tick * 1e6);
-      value.kernel_us_per_request =
-          per_request(kernel_before, kernel_after, seconds_per_tick * 1e6);
-      value.sleeps_per_request = per_request(sleeps_before, sleeps_after, 1.0);
+      const bool charged = !target.cpu_pids.empty() && result.exchanges > 0;
+      const auto per_request = [&](std::uint64_t before, std::uint64_t after, double scale) {
+        return static_cast<double>(after - before) * scale / static_cast<double>(result.exchanges);
+      };
+      const double us_per_tick = seconds_per_tick * 1e6;
+      if (charged && ticks_before && ticks_after) {
+        value.cpu_us_per_request =
+            per_request(ticks_before->all(), ticks_after->all(), us_per_tick);
+        value.kernel_us_per_request =
+            per_request(ticks_before->system, ticks_after->system, us_per_tick);
+      }
+      if (charged && sleeps_before && sleeps_after) {
+        value.sleeps_per_request = per_request(*sleeps_before, *sleeps_after, 1.0);
+      }
       print_progress(round, rounds, target, value);
       values[t].push_back(value);
       target.merged.merge(result);
