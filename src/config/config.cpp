@@ -404,9 +404,10 @@ class Loader {
 };
 
 void Loader::read_server(const Located& at, Server& server) const {
-  MappingReader map(at, {"listen", "threads", "max_body_bytes", "max_header_bytes",
-                         "header_timeout", "body_timeout", "keepalive_timeout", "max_connections",
-                         "admin_listen", "admin_key", "drain_timeout", "busy_poll_us"});
+  MappingReader map(
+      at, {"listen", "threads", "max_body_bytes", "max_header_bytes", "header_timeout",
+           "body_timeout", "keepalive_timeout", "write_timeout", "max_connections", "admin_listen",
+           "admin_key", "drain_timeout", "busy_poll_us"});
   if (auto value = map.get("listen")) {
     std::string text = read_string(*value);
     auto listen = parse_listen(text);
@@ -464,6 +465,7 @@ void Loader::read_server(const Located& at, Server& server) const {
   if (auto value = map.get("keepalive_timeout")) {
     server.keepalive_timeout = read_positive_duration(*value);
   }
+  if (auto value = map.get("write_timeout")) server.write_timeout = read_positive_duration(*value);
   if (auto value = map.get("max_connections")) server.max_connections = read_uint(*value, 1);
 
   if (server.threads == 0) server.threads = std::max(1u, std::thread::hardware_concurrency());

@@ -143,7 +143,8 @@ net::awaitable<bool> write_response(RequestContext& context, unsigned status,
   bool head_only = context.request.method() == http::verb::head;
   std::array<net::const_buffer, 2> wire = {net::buffer(head),
                                            net::buffer(head_only ? std::string_view() : body)};
-  auto [ec, n] = co_await write_eagerly(context.client, context.client_deadline, 30s, wire);
+  auto [ec, n] = co_await write_eagerly(context.client, context.client_deadline,
+                                        context.snapshot->config->server.write_timeout, wire);
   co_return !ec && context.keep_alive;
 }
 
@@ -552,7 +553,7 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ProxyInputs& in
 
   watch.watch(&winner.abort_handle);
   stream::Relay relay(context.client, context.client_deadline, context.relay_buffers,
-                      deployment.timeouts.idle);
+                      context.snapshot->config->server.write_timeout);
   stream::RelayOptions relay_options;
   relay_options.strip_usage_only_chunks = inputs.strip_usage_only_chunks;
   relay_options.gaps = &context.gaps;

@@ -61,6 +61,11 @@ std::optional<ApiError> read_error_response(const error_code& ec, const config::
                                    "bad_request");
 }
 
+// An answer to a connection being turned away (unreadable, or over the
+// connection limit) gets a short while to leave, whatever server.write_timeout
+// allows answers the gateway means to give.
+constexpr std::chrono::seconds kRefusalWriteLimit{5};
+
 // Answers before any request has been parsed (no RequestContext yet).
 net::awaitable<void> write_plain_error(net::ip::tcp::socket& client, SocketDeadline& deadline,
                                        const ApiError& error) {
@@ -70,7 +75,7 @@ net::awaitable<void> write_plain_error(net::ip::tcp::socket& client, SocketDeadl
       std::string(http::obsolete_reason(static_cast<http::status>(error.status))) +
       "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
       "\r\nConnection: close\r\n\r\n" + body;
-  co_await write_eagerly(client, deadline, std::chrono::seconds(5), net::buffer(response));
+  co_await write_eagerly(client, deadline, kRefusalWriteLimit, net::buffer(response));
 }
 
 // Answers a request that could not be read, unless the client just left or
@@ -181,7 +186,7 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
     if (!request.is_done()) {
       auto expect = request["expect"];
       if (expect.size() == 12 && beast::iequals(expect, "100-continue")) {
-        co_await write_eagerly(client, deadline, limits.body_timeout,
+        co_await write_eagerly(client, deadline, limits.write_timeout,
                                net::buffer("HTTP/1.1 100 Continue\r\n\r\n", 25));
       }
       auto body_ec = parse_buffered(buffer, request, true);

@@ -38,6 +38,7 @@ const std::string kFullConfig = R"(server:
   header_timeout: 5s
   body_timeout: 1.5s
   keepalive_timeout: 1m
+  write_timeout: 20s
   max_connections: 500
 upstream:
   max_idle_per_origin: 8
@@ -110,6 +111,7 @@ TEST(LoadString, FullConfigServerSection) {
   EXPECT_EQ(server.header_timeout, milliseconds(5000));
   EXPECT_EQ(server.body_timeout, milliseconds(1500));
   EXPECT_EQ(server.keepalive_timeout, milliseconds(60000));
+  EXPECT_EQ(server.write_timeout, milliseconds(20000));
   EXPECT_EQ(server.max_connections, 500u);
 }
 
@@ -229,6 +231,7 @@ TEST(LoadString, MinimalConfigUsesDefaults) {
   EXPECT_EQ(config->server.header_timeout, milliseconds(10000));
   EXPECT_EQ(config->server.body_timeout, milliseconds(30000));
   EXPECT_EQ(config->server.keepalive_timeout, milliseconds(75000));
+  EXPECT_EQ(config->server.write_timeout, milliseconds(30000));
   EXPECT_EQ(config->server.max_connections, 10000u);
   EXPECT_EQ(config->upstream.max_idle_per_origin, 64u);
   EXPECT_EQ(config->upstream.idle_expiry, milliseconds(60000));
@@ -691,6 +694,8 @@ TEST(ConfigErrors, ZeroTimeouts) {
   expect_error(kDeploymentWith + "        timeouts: {connect: 0}\n",
                "models[0].deployments[0].timeouts.connect", 5, "greater than zero");
   expect_error("server:\n  keepalive_timeout: 0s\n" + kOneModel, "server.keepalive_timeout", 2,
+               "greater than zero");
+  expect_error("server:\n  write_timeout: 0ms\n" + kOneModel, "server.write_timeout", 2,
                "greater than zero");
   expect_error("router:\n  hedge: {after: 0ms}\n" + kOneModel, "router.hedge.after", 2,
                "greater than zero");

@@ -79,7 +79,7 @@ TEST(StartOnlyChanges, SettingsReadPerRequestAreNotListed) {
   std::string yaml = running_with(
       "  threads:",
       "  threads: 2\n  max_body_bytes: 1024\n  max_header_bytes: 4096\n  header_timeout: 1s\n"
-      "  keepalive_timeout: 5s\n  max_connections: 10\n  drain_timeout: 1s\n"
+      "  keepalive_timeout: 5s\n  write_timeout: 2s\n  max_connections: 10\n  drain_timeout: 1s\n"
       "  admin_key: an-admin-key-of-some-length");
   yaml.replace(yaml.find("  format: json"), 14, "  format: json\n  level: debug");
   yaml += "router:\n  window: 5\n  retries: 0\n";

@@ -232,21 +232,24 @@ TEST_F(RelayBackpressure, AStreamArrivesWholeAndInOrder) {
 // buffers behind it are full, the relay's write waits, and the deployment's
 // idle timeout ends that wait. The gateway then drops both sides instead of
 // holding the upstream for as long as the client stays silent.
-TEST(RelayWriteTimeout, AClientThatStopsReadingIsCutAfterTheIdleTimeout) {
+// The client's write timeout is the server's: a deployment that may pause a
+// minute between tokens must not let a client that stopped reading hold two
+// connections that long.
+TEST(RelayWriteTimeout, AClientThatStopsReadingIsCutAfterTheServersWriteTimeout) {
   mock::Behaviour behaviour;
   // About 30 MB of events: more than the kernel buffers on both hops hold.
   behaviour.tokens = 200000;
   auto upstream = start_mock(behaviour);
   TestGateway gateway(
-      "models:\n  - name: chat\n    deployments:\n" +
+      "server:\n  write_timeout: 200ms\nmodels:\n  - name: chat\n    deployments:\n" +
       deployment_yaml("d1", upstream->base_url(),
-                      kNoWarmConnections + "        timeouts: {idle: 200ms, total: 60s}\n"));
+                      kNoWarmConnections + "        timeouts: {idle: 60s, total: 60s}\n"));
   // A relay that never gives up fails the test at a read's timeout.
   HttpConnection client(gateway.port(), 5s, 4096);
   client.send("POST", "/v1/chat/completions", chat_body("chat", true));
   ASSERT_TRUE(eventually([&] { return upstream->stats().open_connections == 1; }, 2s));
 
-  // Far longer than the idle timeout, far shorter than the total one.
+  // Far longer than the write timeout, far shorter than the deployment's.
   ASSERT_TRUE(eventually([&] { return upstream->stats().open_connections == 0; }, 3s))
       << "the upstream is still held for a client that reads nothing";
   // Read to the end: the gateway must close the client's connection too.

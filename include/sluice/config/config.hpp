@@ -133,6 +133,10 @@ struct Server {
   Duration header_timeout{10000};
   Duration body_timeout{30000};
   Duration keepalive_timeout{75000};
+  // How long each write of an answer may wait for the client to take it: a
+  // client that stops reading frees its connection and the upstream's after
+  // this, whatever the deployment's own timeouts allow.
+  Duration write_timeout{30000};
   unsigned max_connections = 10000;
   // Separate listener for /metrics and /admin/*, kept off the client port so
   // operational endpoints need not be exposed wherever clients can reach.
