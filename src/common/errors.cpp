@@ -23,7 +23,10 @@ std::string ApiError::to_json() const {
                           {"type", type},
                           {"param", param.empty() ? nlohmann::json() : nlohmann::json(param)},
                           {"code", code.empty() ? nlohmann::json() : nlohmann::json(code)}};
-  return nlohmann::json{{"error", std::move(error)}}.dump();
+  // A message may quote what the client sent (a path, a model name), which
+  // need not be valid UTF-8: such bytes are replaced, never a reason to throw.
+  return nlohmann::json{{"error", std::move(error)}}.dump(-1, ' ', false,
+                                                          nlohmann::json::error_handler_t::replace);
 }
 
 ApiError ApiError::invalid_request(std::string message, std::string param, std::string code) {

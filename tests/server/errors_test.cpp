@@ -85,6 +85,10 @@ TEST_F(GatewayErrors, UnknownPathIs404) {
   expect_openai_error(http_request(gateway_->port(), "POST", "/v1/nothing-here", "{}"), 404,
                       "unknown_url");
   expect_openai_error(http_request(gateway_->port(), "GET", "/"), 404, "unknown_url");
+  // A path that is not UTF-8 is quoted with replacement characters.
+  auto not_utf8 = http_request(gateway_->port(), "GET", "/v1/\xff\xfe");
+  expect_openai_error(not_utf8, 404, "unknown_url");
+  EXPECT_NE(not_utf8.body.find("/v1/\xef\xbf\xbd\xef\xbf\xbd"), std::string::npos) << not_utf8.body;
 }
 
 TEST_F(GatewayErrors, WrongMethodIs405) {
