@@ -14,7 +14,6 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <cerrno>
 #include <future>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <utility>
@@ -22,6 +21,7 @@
 #include "sluice/common/json_scan.hpp"
 #include "sluice/common/relay_socket.hpp"
 #include "sluice/server/admin.hpp"
+#include "sluice/server/model_list.hpp"
 #include "sluice/server/session.hpp"
 
 namespace sluice::server {
@@ -42,12 +42,7 @@ std::shared_ptr<const Snapshot> Snapshot::build(config::ConfigPtr config,
       std::make_shared<auth::AuthStage>(*config, previous ? previous->auth.get() : nullptr);
   snapshot->caches =
       std::make_shared<cache::Caches>(*config, previous ? previous->caches.get() : nullptr);
-  nlohmann::json data = nlohmann::json::array();
-  for (const auto& model : config->models) {
-    data.push_back(
-        {{"id", model.name}, {"object", "model"}, {"created", 0}, {"owned_by", "sluice"}});
-  }
-  snapshot->models_json = nlohmann::json{{"object", "list"}, {"data", std::move(data)}}.dump();
+  snapshot->models_json = render_model_list(*config, nullptr);
   for (const auto& model : config->models) {
     for (const auto& deployment : model.deployments) {
       std::string fields;

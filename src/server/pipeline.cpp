@@ -17,6 +17,7 @@
 #include "sluice/metrics/budgets.hpp"
 #include "sluice/metrics/server_timing.hpp"
 #include "sluice/server/cache_step.hpp"
+#include "sluice/server/model_list.hpp"
 #include "sluice/shaping/shaping.hpp"
 #include "sluice/stream/client_watch.hpp"
 #include "sluice/stream/relay.hpp"
@@ -152,13 +153,7 @@ net::awaitable<bool> write_response(RequestContext& context, unsigned status,
 // may use them all.
 std::string models_for(const RequestContext& context, const auth::KeyPolicy* key) {
   if (!key || key->models.empty()) return context.snapshot->models_json;
-  nlohmann::json data = nlohmann::json::array();
-  for (const auto& model : context.snapshot->config->models) {
-    if (!auth::allows_model(*key, model.name)) continue;
-    data.push_back(
-        {{"id", model.name}, {"object", "model"}, {"created", 0}, {"owned_by", "sluice"}});
-  }
-  return nlohmann::json{{"object", "list"}, {"data", std::move(data)}}.dump();
+  return render_model_list(*context.snapshot->config, key);
 }
 
 struct ProxyInputs {
@@ -842,8 +837,9 @@ struct ProxyJob {
 
 // What screen_request decided, before anything is written to the client.
 struct Screening {
-  enum class Verdict { refuse, health, models, proceed };
+  enum class Verdict { refuse, health, models, one_model, proceed };
   Verdict verdict = Verdict::proceed;
+  std::string model_id;             // one_model: the model described
   std::optional<ApiError> refusal;  // refuse: the answer
   std::string_view refusal_fields;  // refuse: header lines it carries ("Allow: ...")
   // proceed: what the cache and the forwarding need.
@@ -901,6 +897,28 @@ Screening screen_request(RequestContext& context, ProxyJob& job) {
     context.key = job.admission.key;
     if (!job.admission.allowed()) return refuse(*job.admission.error);
     return answered_here(Screening::Verdict::models);
+  }
+  constexpr std::string_view kModelPathPrefix = "/v1/models/";
+  if (path.starts_with(kModelPathPrefix)) {
+    if (method != http::verb::get && method != http::verb::head) {
+      return refuse(ApiError::method_not_allowed(request.method_string(), path),
+                    "Allow: GET, HEAD\r\n");
+    }
+    auto name = model_name_from_path(path.substr(kModelPathPrefix.size()));
+    if (!name) return refuse(ApiError::unknown_path(path));
+    // Admitted as a request for that model: a key that may not use it is
+    // told the model does not exist, as it is on the proxied paths.
+    job.admission =
+        auth.admit({presented_key.value_or(""), *name, 0, context.body_read, &context.key_memo});
+    job.admission.append_headers(context.response_fields);
+    context.key = job.admission.key;
+    context.record.model = *name;
+    if (!job.admission.allowed()) return refuse(*job.admission.error);
+    if (!context.snapshot->config->find_model(*name))
+      return refuse(ApiError::model_not_found(*name));
+    Screening screening = answered_here(Screening::Verdict::one_model);
+    screening.model_id = std::move(*name);
+    return screening;
   }
   auto endpoint = proxied_endpoint(path);
   if (!endpoint) return refuse(ApiError::unknown_path(path));
@@ -1025,6 +1043,11 @@ net::awaitable<std::optional<bool>> admit_request(RequestContext& context, Proxy
     case Screening::Verdict::models: {
       const auto models = models_for(context, job.admission.key);
       bool keep = co_await respond_json(context, 200, models);
+      context.snapshot->auth->complete(job.admission, std::nullopt, Clock::now());
+      co_return keep;
+    }
+    case Screening::Verdict::one_model: {
+      bool keep = co_await respond_json(context, 200, render_model(screening.model_id));
       context.snapshot->auth->complete(job.admission, std::nullopt, Clock::now());
       co_return keep;
     }

@@ -102,6 +102,16 @@ TEST_F(Auth, ForbiddenModelIs404AndHiddenFromModelList) {
   auto data = json::parse(models.body)["data"];
   ASSERT_EQ(data.size(), 1u);
   EXPECT_EQ(data[0]["id"], "chat-fast");
+
+  // Asked for by name, a model the key may not use does not exist either.
+  auto hidden =
+      http_request(gateway.port(), "GET", "/v1/models/secret-model", "", bearer(kTeamKey));
+  EXPECT_EQ(hidden.status, 404u);
+  EXPECT_EQ(json::parse(hidden.body)["error"]["code"], "model_not_found");
+  auto shown = http_request(gateway.port(), "GET", "/v1/models/chat-fast", "", bearer(kTeamKey));
+  ASSERT_EQ(shown.status, 200u) << shown.body;
+  EXPECT_EQ(json::parse(shown.body)["id"], "chat-fast");
+  EXPECT_EQ(http_request(gateway.port(), "GET", "/v1/models/chat-fast").status, 401u);
 }
 
 TEST_F(Auth, RpmLimitGives429AfterExactlyRpmRequestsWithHeaders) {

@@ -97,6 +97,23 @@ TEST_F(GatewayErrors, WrongMethodIs405) {
   EXPECT_EQ(response.header("allow"), "POST");
   expect_openai_error(http_request(gateway_->port(), "DELETE", "/v1/models"), 405,
                       "method_not_allowed");
+  auto one_model = http_request(gateway_->port(), "POST", "/v1/models/chat", "{}");
+  expect_openai_error(one_model, 405, "method_not_allowed");
+  EXPECT_EQ(one_model.header("allow"), "GET, HEAD");
+}
+
+TEST_F(GatewayErrors, UnknownOrMalformedModelInThePathIs404) {
+  expect_openai_error(http_request(gateway_->port(), "GET", "/v1/models/nothing"), 404,
+                      "model_not_found", "model");
+  // Not a name at all: no model to speak of.
+  expect_openai_error(http_request(gateway_->port(), "GET", "/v1/models/"), 404, "unknown_url");
+  expect_openai_error(http_request(gateway_->port(), "GET", "/v1/models/ch%zzat"), 404,
+                      "unknown_url");
+  expect_openai_error(http_request(gateway_->port(), "GET", "/v1/models/chat%2"), 404,
+                      "unknown_url");
+  // Bytes that are not UTF-8 are quoted in the message, not a reason to fail.
+  expect_openai_error(http_request(gateway_->port(), "GET", "/v1/models/%FF%FE"), 404,
+                      "model_not_found");
 }
 
 TEST_F(GatewayErrors, BodyOverLimitIs413WithoutReadingIt) {

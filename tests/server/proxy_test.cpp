@@ -306,5 +306,29 @@ TEST(Proxy, HealthAndModels) {
   EXPECT_EQ(list["data"][0]["object"], "model");
 }
 
+// What the SDKs' models.retrieve asks: one model, by the name in the path,
+// whose slash may come as it is or percent-encoded.
+TEST(Proxy, OneModelByName) {
+  auto upstream = start_mock();
+  TestGateway gateway(
+      "models:\n  - name: chat\n    deployments:\n" + deployment_yaml("d1", upstream->base_url()) +
+      "  - name: org/model\n    deployments:\n" + deployment_yaml("d2", upstream->base_url()));
+  for (const std::string path :
+       {"/v1/models/chat", "/v1/models/org/model", "/v1/models/org%2Fmodel"}) {
+    auto response = http_request(gateway.port(), "GET", path);
+    ASSERT_EQ(response.status, 200u) << path << ": " << response.body;
+    EXPECT_EQ(response.header("content-type"), "application/json");
+    auto model = json::parse(response.body);
+    EXPECT_EQ(model["id"], path == "/v1/models/chat" ? "chat" : "org/model") << path;
+    EXPECT_EQ(model["object"], "model");
+    EXPECT_EQ(model["owned_by"], "sluice");
+    EXPECT_TRUE(model["created"].is_number());
+  }
+  auto missing = http_request(gateway.port(), "GET", "/v1/models/org");
+  EXPECT_EQ(missing.status, 404u);
+  EXPECT_EQ(json::parse(missing.body)["error"]["code"], "model_not_found");
+  EXPECT_EQ(upstream->stats().requests, 0u) << "answered by the gateway, not the upstream";
+}
+
 }  // namespace
 }  // namespace sluice::testing
