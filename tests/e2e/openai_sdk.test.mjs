@@ -116,6 +116,12 @@ models:
         base_url: ${baseUrl}
         model: mock-model
 
+  - name: e2e-org/chat
+    deployments:
+      - id: e2e-org-chat-mock
+        base_url: ${baseUrl}
+        model: mock-model
+
   - name: e2e-cached
     cache: {mode: exact}
     deployments:
@@ -245,6 +251,19 @@ describe('OpenAI Node SDK through sluice', { timeout: 30000 }, () => {
     for await (const model of client.models.list()) ids.push(model.id);
     assert.ok(ids.includes('e2e-chat'), `e2e-chat missing from ${JSON.stringify(ids)}`);
     assert.ok(ids.includes('e2e-embed'), `e2e-embed missing from ${JSON.stringify(ids)}`);
+  });
+
+  test('models.retrieve, also of a name with a slash, and of a model that does not exist', async () => {
+    for (const id of ['e2e-chat', 'e2e-org/chat']) {
+      const model = await client.models.retrieve(id);
+      assert.equal(model.id, id);
+      assert.equal(model.object, 'model');
+    }
+    await assert.rejects(client.models.retrieve('no-such-model'), (error) => {
+      assert.ok(error instanceof OpenAI.NotFoundError, `not a NotFoundError: ${error}`);
+      assert.equal(error.code, 'model_not_found');
+      return true;
+    });
   });
 
   test('a wrong key is a 401 invalid_api_key', async () => {
