@@ -832,9 +832,11 @@ std::vector<Rule> Loader::read_rules(const Located& at, const std::string& owner
     if (!item.node.IsMap()) {
       fail(item, std::string("expected a mapping, got ") + type_name(item.node));
     }
-    Rule rule;
     Located model_at = map.require("model");
-    rule.model = read_non_empty_string(model_at);
+    // Built with its name rather than assigned one: GCC 12 took the
+    // assignment for a read past the end of a short string (a false
+    // -Wstringop-overread in link-time optimised builds).
+    Rule rule{.when = std::nullopt, .model = read_non_empty_string(model_at)};
     rule_targets_.push_back({rule.model, owner, model_at});
     if (auto when_at = map.get("when")) {
       rule.when = read_rule_condition(*when_at);
