@@ -886,36 +886,31 @@ Screening screen_request(RequestContext& context, ProxyJob& job) {
   const auto& auth = *context.snapshot->auth;
   auto presented_key =
       auth::extract_presented_key([&](std::string_view name) { return request[name]; });
-  if (path == "/v1/models") {
+  // GET /v1/models lists the models, GET /v1/models/{model} describes one.
+  constexpr std::string_view kModelsPath = "/v1/models";
+  if (path.starts_with(kModelsPath) &&
+      (path.size() == kModelsPath.size() || path[kModelsPath.size()] == '/')) {
     if (method != http::verb::get && method != http::verb::head) {
       return refuse(ApiError::method_not_allowed(request.method_string(), path),
                     "Allow: GET, HEAD\r\n");
     }
-    job.admission =
-        auth.admit({presented_key.value_or(""), "", 0, context.body_read, &context.key_memo});
-    job.admission.append_headers(context.response_fields);
-    context.key = job.admission.key;
-    if (!job.admission.allowed()) return refuse(*job.admission.error);
-    return answered_here(Screening::Verdict::models);
-  }
-  constexpr std::string_view kModelPathPrefix = "/v1/models/";
-  if (path.starts_with(kModelPathPrefix)) {
-    if (method != http::verb::get && method != http::verb::head) {
-      return refuse(ApiError::method_not_allowed(request.method_string(), path),
-                    "Allow: GET, HEAD\r\n");
+    std::optional<std::string> name;
+    if (path.size() > kModelsPath.size()) {
+      name = model_name_from_path(path.substr(kModelsPath.size() + 1));
+      if (!name) return refuse(ApiError::unknown_path(path));
+      context.record.model = *name;
     }
-    auto name = model_name_from_path(path.substr(kModelPathPrefix.size()));
-    if (!name) return refuse(ApiError::unknown_path(path));
-    // Admitted as a request for that model: a key that may not use it is
-    // told the model does not exist, as it is on the proxied paths.
-    job.admission =
-        auth.admit({presented_key.value_or(""), *name, 0, context.body_read, &context.key_memo});
+    // One model is admitted as a request for it: a key that may not use it
+    // is told the model does not exist, as it is on the proxied paths.
+    job.admission = auth.admit({presented_key.value_or(""), name ? *name : std::string_view(), 0,
+                                context.body_read, &context.key_memo});
     job.admission.append_headers(context.response_fields);
     context.key = job.admission.key;
-    context.record.model = *name;
     if (!job.admission.allowed()) return refuse(*job.admission.error);
-    if (!context.snapshot->config->find_model(*name))
+    if (!name) return answered_here(Screening::Verdict::models);
+    if (!context.snapshot->config->find_model(*name)) {
       return refuse(ApiError::model_not_found(*name));
+    }
     Screening screening = answered_here(Screening::Verdict::one_model);
     screening.model_id = std::move(*name);
     return screening;
