@@ -540,14 +540,10 @@ int run_compare(int argc, char** argv, int first) {
       nlohmann::json target_json = {{"name", targets[t].name}, {"url", targets[t].url_text}};
       for (const auto& value : values[t]) {
         nlohmann::json round_json = to_json(value.summary);
-        if (!std::isnan(value.cpu_us_per_request)) {
-          round_json["cpu_us_per_request"] = value.cpu_us_per_request;
-        }
-        if (!std::isnan(value.kernel_us_per_request)) {
-          round_json["kernel_us_per_request"] = value.kernel_us_per_request;
-        }
-        if (!std::isnan(value.sleeps_per_request)) {
-          round_json["sleeps_per_request"] = value.sleeps_per_request;
+        // The process-level figures, for a target charged with a process.
+        for (const auto& metric : kMetrics) {
+          const double figure = metric.value(value);
+          if (metric.baseline_is_zero && !std::isnan(figure)) round_json[metric.key] = figure;
         }
         target_json["rounds"].push_back(std::move(round_json));
       }
