@@ -229,12 +229,10 @@ TEST_F(RelayBackpressure, AStreamArrivesWholeAndInOrder) {
 }
 
 // A client that stops reading a long stream: once the socket and the
-// buffers behind it are full, the relay's write waits, and the deployment's
-// idle timeout ends that wait. The gateway then drops both sides instead of
-// holding the upstream for as long as the client stays silent.
-// The client's write timeout is the server's: a deployment that may pause a
-// minute between tokens must not let a client that stopped reading hold two
-// connections that long.
+// buffers behind it are full, the relay's write waits, and
+// server.write_timeout ends that wait. The gateway then drops both sides
+// instead of holding the upstream for as long as the client stays silent;
+// a deployment that may pause a minute between tokens does not stretch it.
 TEST(RelayWriteTimeout, AClientThatStopsReadingIsCutAfterTheServersWriteTimeout) {
   mock::Behaviour behaviour;
   // About 30 MB of events: more than the kernel buffers on both hops hold.
