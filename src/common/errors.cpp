@@ -33,6 +33,11 @@ ApiError ApiError::invalid_request(std::string message, std::string param, std::
   return {400, std::move(message), "invalid_request_error", std::move(param), std::move(code)};
 }
 
+ApiError ApiError::missing_model() {
+  return invalid_request("You must provide a model parameter.", "model",
+                         "missing_required_parameter");
+}
+
 ApiError ApiError::model_not_found(std::string_view model) {
   return {404,
           "The model `" + std::string(model) + "` does not exist or you do not have access to it.",

@@ -779,8 +779,7 @@ Result<RequestBody, ApiError> inspect_request_body(std::string_view body, int ma
     return ApiError::invalid_request("The request body must be a JSON object.", "", "invalid_type");
   }
   if (!scanner.has_model) {
-    return ApiError::invalid_request("You must provide a model parameter.", "model",
-                                     "missing_required_parameter");
+    return ApiError::missing_model();
   }
   if (!scanner.model_is_string) {
     return ApiError::invalid_request("The model parameter must be a string.", "model",

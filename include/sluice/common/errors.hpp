@@ -25,6 +25,7 @@ struct ApiError {
 
   static ApiError invalid_request(std::string message, std::string param = {},
                                   std::string code = {});
+  static ApiError missing_model();
   static ApiError model_not_found(std::string_view model);
   static ApiError unknown_path(std::string_view path);
   static ApiError method_not_allowed(std::string_view method, std::string_view path);

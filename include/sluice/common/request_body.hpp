@@ -26,8 +26,13 @@ struct RequestBody {
   bool has_cache_field = false;
   std::optional<bool> cache;
   // Where the `model` string literal stands in the body (quotes included),
-  // for splice_model; absent when the body cannot be spliced in place.
+  // for splice_model; absent when the body cannot be spliced in place. For a
+  // multipart/form-data body, the field's value, unquoted.
   std::optional<ValueSpan> model_value;
+  // multipart/form-data (inspect_multipart_body), not JSON; its bytes that
+  // are not files, from which its tokens are estimated.
+  bool form_data = false;
+  std::size_t form_text_bytes = 0;
 };
 
 // Nesting deeper than this is refused: nothing OpenAI accepts comes close,
