@@ -27,7 +27,8 @@ constexpr std::string_view kUsage =
     R"(usage: sluice-mock [options]
 
 Serves an OpenAI-compatible mock API (chat/completions, completions,
-embeddings, responses, models) whose timing and failures are scripted.
+embeddings, responses, moderations, images, audio speech, transcriptions and
+translations, models) whose timing and failures are scripted.
 
   --listen HOST:PORT     address to listen on (default 127.0.0.1:8000; port 0 picks one)
   --threads N            serving threads (default 1)

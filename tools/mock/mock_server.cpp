@@ -227,6 +227,10 @@ enum class Endpoint {
   completions,
   embeddings,
   responses,
+  moderations,
+  images,          // generations, edits and variations
+  speech,          // /audio/speech: audio bytes back
+  transcriptions,  // /audio/transcriptions and /audio/translations
   models,
   mock_stats,
   mock_behaviour,
@@ -242,6 +246,15 @@ Endpoint classify(std::string_view target) {
   if (path.ends_with("/completions")) return Endpoint::completions;
   if (path.ends_with("/embeddings")) return Endpoint::embeddings;
   if (path.ends_with("/responses")) return Endpoint::responses;
+  if (path.ends_with("/moderations")) return Endpoint::moderations;
+  if (path.ends_with("/images/generations") || path.ends_with("/images/edits") ||
+      path.ends_with("/images/variations")) {
+    return Endpoint::images;
+  }
+  if (path.ends_with("/audio/speech")) return Endpoint::speech;
+  if (path.ends_with("/audio/transcriptions") || path.ends_with("/audio/translations")) {
+    return Endpoint::transcriptions;
+  }
   if (path.ends_with("/models")) return Endpoint::models;
   return Endpoint::unknown;
 }
@@ -325,6 +338,10 @@ std::uint64_t estimate_prompt_tokens(Endpoint endpoint, const Json& body) {
       if (auto prompt = body.find("prompt"); prompt != body.end()) chars += text_chars(*prompt);
       break;
     case Endpoint::embeddings:
+      if (auto input = body.find("input"); input != body.end()) chars += text_chars(*input);
+      break;
+    case Endpoint::moderations:
+    case Endpoint::speech:
       if (auto input = body.find("input"); input != body.end()) chars += text_chars(*input);
       break;
     case Endpoint::responses:
@@ -444,6 +461,21 @@ void append_response_object(std::string& out, const Plan& plan) {
   out += '}';
 }
 
+// Binary content for the audio and image answers: every byte value, CR and
+// LF among them, so a relay that treats the body as text shows.
+std::string audio_bytes(const Plan& plan) {
+  std::string bytes = "ID3";
+  const std::size_t size = std::size_t{64} * std::max(1u, plan.behaviour.tokens);
+  for (std::size_t i = 0; bytes.size() < size; ++i) {
+    bytes.push_back(static_cast<char>((i * 37 + plan.serial) & 0xff));
+  }
+  return bytes;
+}
+
+std::string_view content_type_of(Endpoint endpoint) {
+  return endpoint == Endpoint::speech ? "audio/mpeg" : "application/json";
+}
+
 std::string complete_body(const Plan& plan) {
   std::string out;
   out.reserve(320 + plan.behaviour.tokens * 8);
@@ -515,6 +547,33 @@ std::string complete_body(const Plan& plan) {
     case Endpoint::models:
       out +=
           R"({"object":"list","data":[{"id":"mock-model","object":"model","created":0,"owned_by":"sluice-mock"}]})";
+      break;
+    case Endpoint::moderations:
+      out += R"({"id":"modr-mock-)";
+      append_uint(out, plan.serial);
+      out += R"(","model":)";
+      out += plan.model_json;
+      out += R"(,"results":[{"flagged":false,"categories":{"harassment":false,"hate":false,)"
+             R"("self-harm":false,"sexual":false,"violence":false},"category_scores":{)"
+             R"("harassment":0.0001,"hate":0.0001,"self-harm":0.0001,"sexual":0.0001,)"
+             R"("violence":0.0001}}]})";
+      break;
+    case Endpoint::images: {
+      out += R"({"created":)";
+      append_int(out, plan.created);
+      out += R"(,"data":[{"b64_json":")";
+      const auto image = audio_bytes(plan);
+      append_base64(out, reinterpret_cast<const unsigned char*>(image.data()), image.size());
+      out += R"("}]})";
+      break;
+    }
+    case Endpoint::speech:
+      out = audio_bytes(plan);
+      break;
+    case Endpoint::transcriptions:
+      out += R"({"text":")";
+      append_all_tokens(out, plan);
+      out += R"("})";
       break;
     default:
       break;
@@ -899,6 +958,59 @@ struct SharedState {
   }
 };
 
+bool is_form_data(std::string_view content_type) {
+  constexpr std::string_view kFormData = "multipart/form-data";
+  return content_type.size() >= kFormData.size() &&
+         iequals(content_type.substr(0, kFormData.size()), kFormData);
+}
+
+// Reads a multipart/form-data body: its text fields into `fields` as
+// strings, the names of its files into `files`. False when it is not framed
+// as the Content-Type says.
+bool read_form(std::string_view body, std::string_view content_type, Json& fields,
+               std::vector<std::string>& files) {
+  constexpr std::string_view kBoundary = "boundary=";
+  const auto at = content_type.find(kBoundary);
+  if (at == std::string_view::npos) return false;
+  std::string_view boundary = content_type.substr(at + kBoundary.size());
+  boundary = boundary.substr(0, boundary.find(';'));
+  if (boundary.size() >= 2 && boundary.front() == '"' && boundary.back() == '"') {
+    boundary = boundary.substr(1, boundary.size() - 2);
+  }
+  if (boundary.empty()) return false;
+  const std::string delimiter = "\r\n--" + std::string(boundary);
+  std::size_t pos = body.starts_with(std::string_view(delimiter).substr(2)) ? delimiter.size() - 2
+                                                                            : body.find(delimiter);
+  if (pos == std::string_view::npos) return false;
+  if (pos != delimiter.size() - 2) pos += delimiter.size();
+  while (!body.substr(pos).starts_with("--")) {
+    const auto head_end = body.find("\r\n\r\n", pos);
+    const auto next =
+        head_end == std::string_view::npos ? head_end : body.find(delimiter, head_end);
+    if (next == std::string_view::npos) return false;
+    const std::string_view head = body.substr(pos, head_end - pos);
+    const std::string_view content = body.substr(head_end + 4, next - head_end - 4);
+    constexpr std::string_view kName = "name=\"";
+    auto name_at = head.find(kName);
+    // "filename=\"" holds "name=\"" too: the field's name is the one after a
+    // separator.
+    while (name_at != std::string_view::npos && name_at > 0 && head[name_at - 1] != ' ' &&
+           head[name_at - 1] != ';') {
+      name_at = head.find(kName, name_at + 1);
+    }
+    if (name_at == std::string_view::npos) return false;
+    const auto name_begin = name_at + kName.size();
+    const auto name = std::string(head.substr(name_begin, head.find('"', name_begin) - name_begin));
+    if (head.find("filename=") != std::string_view::npos) {
+      files.push_back(name);
+    } else {
+      fields[name] = std::string(content);
+    }
+    pos = next + delimiter.size();
+  }
+  return true;
+}
+
 // Builds the plan for a model request, or the error reply that replaces it.
 std::variant<Plan, Reply> make_plan(Endpoint endpoint, const Request& request, SharedState& state) {
   Plan plan;
@@ -910,7 +1022,13 @@ std::variant<Plan, Reply> make_plan(Endpoint endpoint, const Request& request, S
   const bool skip_body =
       plan.behaviour.skip_body && (endpoint == Endpoint::chat || endpoint == Endpoint::completions);
   Json body = Json::object();
-  if (endpoint != Endpoint::models && !skip_body) {
+  std::vector<std::string> files;
+  const auto content_type = to_std(request.base()[http::field::content_type]);
+  if (endpoint != Endpoint::models && !skip_body && is_form_data(content_type)) {
+    if (!read_form(request.body(), content_type, body, files)) {
+      return invalid_request("We could not parse the multipart/form-data body of your request.");
+    }
+  } else if (endpoint != Endpoint::models && !skip_body) {
     body = Json::parse(request.body(), nullptr, /*allow_exceptions=*/false);
     if (body.is_discarded() || !body.is_object()) {
       return invalid_request(
@@ -939,7 +1057,14 @@ std::variant<Plan, Reply> make_plan(Endpoint endpoint, const Request& request, S
       break;
     case Endpoint::embeddings:
     case Endpoint::responses:
+    case Endpoint::moderations:
+    case Endpoint::speech:
       if (!required("input")) return invalid_request("'input' is required", "input");
+      break;
+    case Endpoint::transcriptions:
+      if (std::find(files.begin(), files.end(), "file") == files.end()) {
+        return invalid_request("'file' is a required file", "file");
+      }
       break;
     default:
       break;
@@ -951,7 +1076,8 @@ std::variant<Plan, Reply> make_plan(Endpoint endpoint, const Request& request, S
   } else {
     append_json_string(plan.model_json, kDefaultModel);
   }
-  if (endpoint != Endpoint::models && endpoint != Endpoint::embeddings) {
+  if (endpoint == Endpoint::chat || endpoint == Endpoint::completions ||
+      endpoint == Endpoint::responses) {
     if (auto stream = body.find("stream"); stream != body.end() && stream->is_boolean()) {
       plan.stream = stream->get<bool>();
     }
@@ -1344,7 +1470,7 @@ class Connection final : public ConnectionHandle,
 
     const std::string body = complete_body(plan);
     out_.clear();
-    append_head(out_, 200, "application/json", body.size(), keep_alive);
+    append_head(out_, 200, content_type_of(plan.endpoint), body.size(), keep_alive);
     const std::size_t head_size = out_.size();
     out_ += body;
     const std::string_view whole = out_;
