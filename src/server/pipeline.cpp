@@ -13,6 +13,7 @@
 #include "sluice/common/eager_write.hpp"
 #include "sluice/common/http_head.hpp"
 #include "sluice/common/json_scan.hpp"
+#include "sluice/common/multipart_body.hpp"
 #include "sluice/common/request_body.hpp"
 #include "sluice/metrics/budgets.hpp"
 #include "sluice/metrics/server_timing.hpp"
@@ -35,9 +36,13 @@ using namespace std::string_view_literals;
 namespace {
 
 // The OpenAI endpoints sluice proxies; the path after /v1 is appended to the
-// deployment's base URL.
-constexpr std::string_view kProxiedEndpoints[] = {"/chat/completions", "/completions",
-                                                  "/embeddings", "/responses"};
+// deployment's base URL. Each takes a JSON body or, for the ones that upload
+// files (audio transcriptions, image edits), a multipart/form-data one; the
+// Content-Type says which.
+constexpr std::string_view kProxiedEndpoints[] = {
+    "/chat/completions", "/completions",          "/embeddings",        "/responses",
+    "/moderations",      "/images/generations",   "/images/edits",      "/images/variations",
+    "/audio/speech",     "/audio/transcriptions", "/audio/translations"};
 
 std::optional<std::string_view> proxied_endpoint(std::string_view path) {
   constexpr std::string_view kPrefix = "/v1";
@@ -164,7 +169,9 @@ struct ProxyInputs {
   std::string_view client_fields;
   std::string_view gateway_fields;
   // The body is forwarded as [prefix, upstream model literal, suffix,
-  // addition, closing]; the addition is empty unless a field is added.
+  // addition, closing]; the addition is empty unless a field is added. A
+  // multipart/form-data body takes the upstream model's name as it is.
+  bool form_data = false;
   std::string_view body_prefix;
   std::string_view body_suffix;
   std::string_view body_addition;
@@ -208,8 +215,10 @@ void prepare_attempt(const RequestContext& context, const ProxyInputs& inputs, A
       upstream::Request{"POST",
                         {deployment.base_url.path_prefix, inputs.endpoint, inputs.query},
                         {inputs.client_fields, inputs.gateway_fields, task.wiring->fields},
-                        {inputs.body_prefix, task.wiring->model_literal, inputs.body_suffix,
-                         inputs.body_addition, inputs.body_closing}};
+                        {inputs.body_prefix,
+                         inputs.form_data ? std::string_view(deployment.upstream_model)
+                                          : std::string_view(task.wiring->model_literal),
+                         inputs.body_suffix, inputs.body_addition, inputs.body_closing}};
   task.limits = upstream::Limits{deployment.timeouts.connect, deployment.timeouts.ttft,
                                  deployment.timeouts.idle, now + deployment.timeouts.total, now};
 }
@@ -928,7 +937,9 @@ Screening screen_request(RequestContext& context, ProxyJob& job) {
     return refuse(*admission.error);
   }
   std::string_view body = request.body();
-  auto inspected = inspect_request_body(body);
+  const auto form_boundary = form_data_boundary(request["Content-Type"]);
+  auto inspected =
+      form_boundary ? inspect_multipart_body(body, *form_boundary) : inspect_request_body(body);
   if (!inspected) return refuse(inspected.error());
   const auto& model_name = inspected->model;
   context.model = context.snapshot->config->find_model(model_name);
@@ -937,14 +948,18 @@ Screening screen_request(RequestContext& context, ProxyJob& job) {
   // the client asked for. Models without either never parse the body.
   auto max_tokens = inspected->max_tokens;
   if (context.model && shaping::shapes(*context.model)) {
-    job.shaped = shaping::shape_request(*context.snapshot->config, *context.model, *endpoint, body);
+    // Rules read a JSON request; a form's fields are not read, so its rules
+    // see an empty request (no messages, no tools), and nothing is shaped.
+    job.shaped = shaping::shape_request(*context.snapshot->config, *context.model, *endpoint,
+                                        inspected->form_data ? "{}"sv : body);
     if (!job.shaped->body.empty()) {
       body = job.shaped->body;
       max_tokens = job.shaped->max_tokens;
     }
   }
+  const auto text_bytes = inspected->form_data ? inspected->form_text_bytes : body.size();
   job.admission = auth.admit({presented_key.value_or(""), model_name,
-                              auth::estimate_tokens(body.size(), max_tokens), context.body_read,
+                              auth::estimate_tokens(text_bytes, max_tokens), context.body_read,
                               &context.key_memo});
   job.admission.append_headers(context.response_fields);
   // Refused requests are logged with the key and model too: a 429 is worth
@@ -990,6 +1005,14 @@ void prepare_forwarding(RequestContext& context, ProxyJob& job, const Screening&
   job.inputs.endpoint = screening.endpoint;
   job.inputs.query = screening.query;
   if (job.cache_step.cache) job.inputs.cache_step = &job.cache_step;
+  if (inspected.form_data) {
+    // A form is forwarded as it came but for the model field's value.
+    const auto model = *inspected.model_value;
+    job.inputs.form_data = true;
+    job.inputs.body_prefix = screening.body.substr(0, model.begin);
+    job.inputs.body_suffix = screening.body.substr(model.end);
+    return;
+  }
   // `cache` is sluice's own field, never sent upstream; a body without it is
   // forwarded as it came.
   std::string_view forwarded = screening.body;

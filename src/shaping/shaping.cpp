@@ -309,7 +309,12 @@ bool trim_history(const config::TrimHistory& limits, Json& request) {
 ShapeReport apply_shaping(const config::Shaping& shaping, std::string_view endpoint,
                           Json& request) {
   ShapeReport report;
-  if (!request.is_object() || endpoint == "/embeddings") return report;
+  // Only the endpoints that generate text take completion limits and
+  // reasoning effort; embeddings, moderations, images and audio are left
+  // alone.
+  const bool generates_text =
+      endpoint == "/chat/completions" || endpoint == "/completions" || endpoint == "/responses";
+  if (!request.is_object() || !generates_text) return report;
   if (shaping.trim_history && endpoint == "/chat/completions" &&
       trim_history(*shaping.trim_history, request)) {
     report.add(kTrimmed);

@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
-import OpenAI from 'openai';
+import OpenAI, { toFile } from 'openai';
 
 const STARTUP_TIMEOUT_MS = 10000;
 const STOP_TIMEOUT_MS = 3000;
@@ -128,6 +128,12 @@ models:
       - id: e2e-cached-mock
         base_url: ${baseUrl}
         model: mock-model
+
+  - name: e2e-media
+    deployments:
+      - id: e2e-media-mock
+        base_url: ${baseUrl}
+        model: mock-media
 `;
 }
 
@@ -244,6 +250,35 @@ describe('OpenAI Node SDK through sluice', { timeout: 30000 }, () => {
     assert.equal(text, first.choices[0].message.content);
     assert.equal(finishReason, 'stop');
     assert.deepEqual(usage, first.usage);
+  });
+
+  test('audio.transcriptions.create uploads a file as multipart/form-data', async () => {
+    const audio = Buffer.alloc(48 * 1024);
+    for (let i = 0; i < audio.length; i++) audio[i] = (i * 131) & 0xff;
+    const { data, response } = await client.audio.transcriptions
+      .create({ file: await toFile(audio, 'speech.wav'), model: 'e2e-media', language: 'en' })
+      .withResponse();
+    assert.equal(response.headers.get('x-sluice-deployment'), 'e2e-media-mock');
+    assert.match(data.text, /^tok0 tok1 /);
+  });
+
+  test('audio.speech.create returns the audio bytes', async () => {
+    const response = await client.audio.speech.create({
+      model: 'e2e-media', voice: 'alloy', input: 'Hello',
+    });
+    assert.equal(response.headers.get('content-type'), 'audio/mpeg');
+    const audio = Buffer.from(await response.arrayBuffer());
+    assert.equal(audio.length, 512);  // the mock's 64 bytes per token, 8 tokens
+    assert.equal(audio.subarray(0, 3).toString('latin1'), 'ID3');
+  });
+
+  test('moderations.create and images.generate', async () => {
+    const moderation = await client.moderations.create({ model: 'e2e-media', input: 'hello' });
+    assert.equal(moderation.model, 'mock-media');
+    assert.equal(moderation.results[0].flagged, false);
+    const image = await client.images.generate({ model: 'e2e-media', prompt: 'a lighthouse' });
+    const bytes = Buffer.from(image.data[0].b64_json, 'base64');
+    assert.equal(bytes.subarray(0, 3).toString('latin1'), 'ID3');
   });
 
   test('models.list', async () => {

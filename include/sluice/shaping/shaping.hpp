@@ -59,9 +59,9 @@ std::uint64_t estimate_prompt_tokens(const Json& request);
 bool trim_history(const config::TrimHistory& limits, Json& request);
 
 // Applies a model's shaping to a request for `endpoint` ("/chat/completions",
-// "/completions", "/responses", "/embeddings"): history trimming (chat
-// only), then defaults for the fields the client left out, then caps on the
-// ones it set. Embeddings are left alone.
+// "/completions", "/responses"): history trimming (chat only), then defaults
+// for the fields the client left out, then caps on the ones it set. Requests
+// to other endpoints (embeddings, moderations, images, audio) are left alone.
 ShapeReport apply_shaping(const config::Shaping& shaping, std::string_view endpoint, Json& request);
 
 // Whether every condition of `when` holds for the request.
