@@ -149,8 +149,12 @@ std::optional<PartHead> read_part_head(std::string_view head) {
 }  // namespace
 
 std::optional<std::string_view> form_data_boundary(std::string_view content_type) {
+  // Every JSON request asks this: its "application/json" is ruled out by
+  // its length.
+  constexpr std::string_view kFormData = "multipart/form-data";
+  if (content_type.size() < kFormData.size()) return std::nullopt;
   const auto [type, parameters] = split_type(content_type);
-  if (!iequals(type, "multipart/form-data")) return std::nullopt;
+  if (!iequals(type, kFormData)) return std::nullopt;
   std::string_view boundary;
   const bool well_formed =
       for_each_parameter(parameters, [&](std::string_view name, std::string_view value) {

@@ -106,6 +106,7 @@ void ClientRequest::forget_head() {
   forwarded_.clear();
   withheld_.clear();
   fields_.clear();
+  content_type_field_ = -1;
 }
 
 std::size_t ClientRequest::take_plain_body(std::string_view bytes, error_code& ec) {
@@ -175,6 +176,9 @@ void ClientRequest::on_field_impl(http::field name, boost::beast::string_view na
 void ClientRequest::add_field(std::string_view name, std::string_view value, bool withheld) {
   Text& lines = withheld ? withheld_ : forwarded_;
   const std::size_t at = lines.size();
+  if (content_type_field_ < 0 && field_name_is(name, "content-type")) {
+    content_type_field_ = static_cast<int>(fields_.size());
+  }
   fields_.push_back(FieldEntry{withheld, static_cast<std::uint32_t>(name.size()),
                                static_cast<std::uint32_t>(at),
                                static_cast<std::uint32_t>(value.size())});

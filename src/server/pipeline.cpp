@@ -937,7 +937,7 @@ Screening screen_request(RequestContext& context, ProxyJob& job) {
     return refuse(*admission.error);
   }
   std::string_view body = request.body();
-  const auto form_boundary = form_data_boundary(request["Content-Type"]);
+  const auto form_boundary = form_data_boundary(request.content_type());
   auto inspected =
       form_boundary ? inspect_multipart_body(body, *form_boundary) : inspect_request_body(body);
   if (!inspected) return refuse(inspected.error());

@@ -118,6 +118,40 @@ TEST(ClientRequest, RepeatedFieldsAreAllKeptAndTheFirstIsLookedUp) {
   }
 }
 
+TEST(ClientRequest, TheFirstContentTypeIsNotedAsTheHeadIsRead) {
+  const std::string plain =
+      "POST /v1/audio/transcriptions HTTP/1.1\r\n"
+      "X-Request-Id: abc\r\n"
+      "content-TYPE: multipart/form-data; boundary=b\r\n"
+      "Content-Type: application/json\r\n"
+      "Content-Length: 0\r\n"
+      "\r\n";
+  // The plain reader gives a chunked head to Beast's after reading its
+  // fields.
+  std::string chunked = plain;
+  chunked.replace(chunked.find("Content-Length: 0"), 17, "Transfer-Encoding: chunked");
+  chunked += "0\r\n\r\n";
+  const std::string without =
+      "POST /v1/moderations HTTP/1.1\r\n"
+      "X-Request-Id: abc\r\n"
+      "Content-Length: 0\r\n"
+      "\r\n";
+  for (Reading reading : kBothReaders) {
+    SCOPED_TRACE(name_of(reading));
+    for (const std::string& text : {plain, chunked}) {
+      ClientRequest request(reading);
+      error_code ec;
+      EXPECT_EQ(feed_parser(request, text, ec), text.size());
+      ASSERT_FALSE(ec) << ec.message();
+      EXPECT_EQ(request.content_type(), "multipart/form-data; boundary=b");
+    }
+    ClientRequest request(reading);
+    error_code ec;
+    EXPECT_EQ(feed_parser(request, without, ec), without.size());
+    EXPECT_EQ(request.content_type(), "");
+  }
+}
+
 TEST(ClientRequest, AChunkedBodyArrivesWholeWhateverThePieces) {
   const std::string head =
       "POST /v1/embeddings HTTP/1.1\r\n"

@@ -40,6 +40,13 @@ class ClientRequest final : public PlainFirstParser<true, ClientRequest> {
   // The value of the first field of this name (case-insensitive); empty
   // when there is none.
   std::string_view operator[](std::string_view name) const;
+  // The first Content-Type, noted while the head is read: every proxied
+  // request's body is read by it.
+  std::string_view content_type() const {
+    return content_type_field_ < 0
+               ? std::string_view()
+               : value_of(fields_[static_cast<std::size_t>(content_type_field_)]);
+  }
   // Calls visit(value) for every field of this name, in order.
   template <typename Visit>
   void for_each_value(std::string_view name, Visit&& visit) const {
@@ -119,6 +126,7 @@ class ClientRequest final : public PlainFirstParser<true, ClientRequest> {
   boost::beast::flat_buffer body_;
   boost::beast::http::verb method_ = boost::beast::http::verb::unknown;
   std::size_t method_size_ = 0;
+  int content_type_field_ = -1;  // its index in fields_
   unsigned version_ = 11;
 };
 
