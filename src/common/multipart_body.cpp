@@ -230,4 +230,18 @@ Result<RequestBody, ApiError> inspect_multipart_body(std::string_view body,
   return inspected;
 }
 
+std::string with_model_field(std::string_view body, std::string_view boundary,
+                             std::string_view model) {
+  // The new part goes where the first one starts, after any preamble.
+  const std::string dash_boundary = "--" + std::string(boundary);
+  const std::size_t first_part =
+      body.starts_with(dash_boundary) ? 0 : find_bytes(body, "\r\n" + dash_boundary, 0) + 2;
+  std::string text;
+  text.reserve(body.size() + dash_boundary.size() + model.size() + 64);
+  text.append(body.substr(0, first_part)).append(dash_boundary);
+  text.append("\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n");
+  text.append(model).append("\r\n").append(body.substr(first_part));
+  return text;
+}
+
 }  // namespace sluice

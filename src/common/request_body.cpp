@@ -798,6 +798,21 @@ Result<RequestBody, ApiError> inspect_request_body(std::string_view body, int ma
   return detail::inspect_request_body(body, max_depth, detail::best_string_scan());
 }
 
+std::string with_model_member(std::string_view body, std::string_view model) {
+  // The first brace of an object's text is its own: what may precede it (a
+  // byte order mark, whitespace) holds none.
+  const auto open = body.find('{');
+  const auto first = body.find_first_not_of(" \t\r\n", open + 1);
+  const bool empty_object = first != std::string_view::npos && body[first] == '}';
+  std::string text;
+  text.reserve(body.size() + model.size() + 16);
+  text.append(body.substr(0, open + 1)).append(R"("model":)");
+  append_json_string(text, model);
+  if (!empty_object) text.push_back(',');
+  text.append(body.substr(open + 1));
+  return text;
+}
+
 ModelSplice splice_model(std::string_view body, std::string& storage,
                          std::optional<ValueSpan> model_value) {
   std::string_view text = body;

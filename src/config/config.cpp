@@ -25,6 +25,7 @@
 #include <string_view>
 #include <thread>
 
+#include "sluice/common/endpoints.hpp"
 #include "sluice/common/hex.hpp"
 
 namespace sluice::config {
@@ -375,11 +376,13 @@ class Loader {
   void read_ca_file(const Located& at, Deployment& deployment) const;
   std::vector<std::string> read_model_references(const Located& at, const std::string& owner);
   void read_cache(const Located& at, const std::string& owner, Cache& cache);
+  std::vector<std::string> read_default_for(const Located& at);
 
   EnvLookup env_;
 
   // Names and ids must be unique; these remember where each was first used.
   std::map<std::string, std::string> model_name_paths_;
+  std::map<std::string, std::string, std::less<>> default_for_paths_;
   std::map<std::string, std::string> deployment_id_paths_;
   std::map<std::string, std::string> api_key_name_paths_;
   std::map<std::array<unsigned char, 32>, std::string> api_key_digest_paths_;
@@ -715,7 +718,7 @@ void Loader::read_models(const Located& at, Config& config) {
 
 Model Loader::read_model(const Located& at) {
   MappingReader map(at, {"name", "strategy", "fallbacks", "context_window_fallbacks", "deployments",
-                         "shaping", "rules", "cache"});
+                         "shaping", "rules", "cache", "default_for"});
   if (!at.node.IsMap()) fail(at, std::string("expected a mapping, got ") + type_name(at.node));
 
   Model model;
@@ -739,6 +742,7 @@ Model Loader::read_model(const Located& at) {
     model.context_window_fallbacks = read_model_references(*value, model.name);
   }
   if (auto value = map.get("cache")) read_cache(*value, model.name, model.cache);
+  if (auto value = map.get("default_for")) model.default_for = read_default_for(*value);
 
   if (auto value = map.get("shaping")) model.shaping = read_shaping(*value);
 
@@ -888,6 +892,27 @@ std::vector<std::string> Loader::read_model_references(const Located& at,
     model_references_.push_back({name, owner, item});
   }
   return names;
+}
+
+std::vector<std::string> Loader::read_default_for(const Located& at) {
+  std::vector<std::string> endpoints;
+  for (const Located& item : sequence_items(at)) {
+    const std::string path = read_non_empty_string(item);
+    const auto endpoint = proxied_endpoint(path);
+    if (!endpoint) {
+      std::string known;
+      for (const auto proxied : kProxiedEndpoints) {
+        known.append(known.empty() ? "/v1" : ", /v1").append(proxied);
+      }
+      fail(item, "'" + path + "' is not an endpoint sluice proxies (" + known + ")");
+    }
+    auto [previous, inserted] = default_for_paths_.emplace(*endpoint, item.path);
+    if (!inserted) {
+      fail(item, "'" + path + "' already has a default model (at " + previous->second + ")");
+    }
+    endpoints.emplace_back(*endpoint);
+  }
+  return endpoints;
 }
 
 void Loader::read_cache(const Located& at, const std::string& owner, Cache& cache) {

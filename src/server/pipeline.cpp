@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/common/eager_write.hpp"
+#include "sluice/common/endpoints.hpp"
 #include "sluice/common/http_head.hpp"
 #include "sluice/common/json_scan.hpp"
 #include "sluice/common/multipart_body.hpp"
@@ -34,25 +35,6 @@ using namespace std::chrono_literals;
 using namespace std::string_view_literals;
 
 namespace {
-
-// The OpenAI endpoints sluice proxies; the path after /v1 is appended to the
-// deployment's base URL. Each takes a JSON body or, for the ones that upload
-// files (audio transcriptions, image edits), a multipart/form-data one; the
-// Content-Type says which.
-constexpr std::string_view kProxiedEndpoints[] = {
-    "/chat/completions", "/completions",          "/embeddings",        "/responses",
-    "/moderations",      "/images/generations",   "/images/edits",      "/images/variations",
-    "/audio/speech",     "/audio/transcriptions", "/audio/translations"};
-
-std::optional<std::string_view> proxied_endpoint(std::string_view path) {
-  constexpr std::string_view kPrefix = "/v1";
-  if (!path.starts_with(kPrefix)) return std::nullopt;
-  auto rest = path.substr(kPrefix.size());
-  for (auto endpoint : kProxiedEndpoints) {
-    if (rest == endpoint) return endpoint;
-  }
-  return std::nullopt;
-}
 
 // The lines the gateway adds to the client's forwarded ones: its request id
 // and the next hop of the trace.
@@ -842,6 +824,7 @@ struct ProxyJob {
   std::optional<shaping::ShapedRequest> shaped;
   std::string without_cache_field;
   std::string respliced;
+  std::string with_default_model;  // the body, when it named no model
 };
 
 // What screen_request decided, before anything is written to the client.
@@ -938,8 +921,23 @@ Screening screen_request(RequestContext& context, ProxyJob& job) {
   }
   std::string_view body = request.body();
   const auto form_boundary = form_data_boundary(request.content_type());
-  auto inspected =
-      form_boundary ? inspect_multipart_body(body, *form_boundary) : inspect_request_body(body);
+  auto inspect = [&] {
+    return form_boundary ? inspect_multipart_body(body, *form_boundary)
+                         : inspect_request_body(body);
+  };
+  auto inspected = inspect();
+  if (!inspected && inspected.error().code == "missing_required_parameter" &&
+      inspected.error().param == "model") {
+    // A body that names no model goes to the endpoint's default model, if
+    // one is configured, as if it had named it.
+    if (const auto* fallback = context.snapshot->config->default_model_for(*endpoint)) {
+      job.with_default_model = form_boundary
+                                   ? with_model_field(body, *form_boundary, fallback->name)
+                                   : with_model_member(body, fallback->name);
+      body = job.with_default_model;
+      inspected = inspect();
+    }
+  }
   if (!inspected) return refuse(inspected.error());
   const auto& model_name = inspected->model;
   context.model = context.snapshot->config->find_model(model_name);

@@ -190,5 +190,17 @@ TEST(MultipartBody, TheBoundaryCountsOnlyAtTheStartOfALine) {
   EXPECT_EQ(inspected->model, inside);
 }
 
+TEST(MultipartBody, AModelFieldIsAddedBeforeTheFirstPart) {
+  const std::string file = part("file", "RIFF\r\n\0", "a.wav");
+  for (const std::string preamble : {"", "a preamble\r\n"}) {
+    const std::string body = preamble + file + closing();
+    const std::string added = with_model_field(body, kBoundary, "whisper-default");
+    EXPECT_EQ(added, preamble + part("model", "whisper-default") + file + closing());
+    auto inspected = inspect_multipart_body(added, kBoundary);
+    ASSERT_TRUE(inspected.ok()) << inspected.error().message;
+    EXPECT_EQ(inspected->model, "whisper-default");
+  }
+}
+
 }  // namespace
 }  // namespace sluice

@@ -490,6 +490,23 @@ TEST(SpliceModel, ReserialisesABodyStartingWithAByteOrderMark) {
   EXPECT_EQ(forwarded(splice_model(only_model, storage), "up"), R"({"model":"up"})");
 }
 
+TEST(WithModelMember, TheModelBecomesTheFirstMember) {
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"input":"hi"})", R"({"model":"mod \"x\"","input":"hi"})"},
+      {"{}", R"({"model":"mod \"x\""})"},
+      {" \r\n{ \t}\n", " \r\n{\"model\":\"mod \\\"x\\\"\" \t}\n"},
+      {"\xEF\xBB\xBF{ \"n\":1}", "\xEF\xBB\xBF{\"model\":\"mod \\\"x\\\"\", \"n\":1}"},
+  };
+  for (const auto& [body, expected] : cases) {
+    ASSERT_FALSE(inspect_request_body(body).ok()) << body;
+    const std::string added = with_model_member(body, "mod \"x\"");
+    EXPECT_EQ(added, expected);
+    auto inspected = inspect_request_body(added);
+    ASSERT_TRUE(inspected.ok()) << added;
+    EXPECT_EQ(inspected->model, "mod \"x\"");
+  }
+}
+
 TEST(JsonScan, AppendsEscapedStrings) {
   std::string out;
   append_json_string(out, "a\"b\\c\n\x01");

@@ -637,6 +637,41 @@ TEST(ConfigErrors, DuplicateModelNames) {
                "models[1].name", 5, "duplicate model name 'm' (already defined at models[0])");
 }
 
+TEST(Config, DefaultModelsServeTheEndpointsTheyAreNamedFor) {
+  ConfigPtr config = load_string(kOneModel +
+                                     "  - name: moderation\n"
+                                     "    default_for: [/v1/moderations, /v1/images/generations]\n"
+                                     "    deployments: [{base_url: http://h}]\n",
+                                 kNoEnv);
+  ASSERT_NE(config->default_model_for("/moderations"), nullptr);
+  EXPECT_EQ(config->default_model_for("/moderations")->name, "moderation");
+  EXPECT_EQ(config->default_model_for("/images/generations")->name, "moderation");
+  EXPECT_EQ(config->default_model_for("/chat/completions"), nullptr);
+  EXPECT_TRUE(config->find_model("m")->default_for.empty());
+}
+
+TEST(ConfigErrors, DefaultForNamesAProxiedEndpointOnce) {
+  expect_error(kOneModel +
+                   "  - name: d\n    default_for: [/moderations]\n"
+                   "    deployments: [{base_url: http://h}]\n",
+               "models[1].default_for[0]", 6,
+               "'/moderations' is not an endpoint sluice proxies (/v1/chat/completions, ");
+  expect_error(kOneModel +
+                   "  - name: d\n    default_for: [/v1/models]\n"
+                   "    deployments: [{base_url: http://h}]\n",
+               "models[1].default_for[0]", 6, "'/v1/models' is not an endpoint");
+  expect_error(R"(models:
+  - name: a
+    default_for: [/v1/moderations]
+    deployments: [{base_url: "http://h"}]
+  - name: b
+    default_for: [/v1/audio/speech, /v1/moderations]
+    deployments: [{base_url: "http://h"}]
+)",
+               "models[1].default_for[1]", 6,
+               "'/v1/moderations' already has a default model (at models[0].default_for[0])");
+}
+
 TEST(ConfigErrors, DuplicateDeploymentIds) {
   expect_error(R"(models:
   - name: a

@@ -189,6 +189,63 @@ TEST_F(Endpoints, RulesSeeAFormAsARequestWithoutMessages) {
   EXPECT_EQ(other->stats().requests, 0u);
 }
 
+// A form without a model field: the file, then the language.
+std::string form_without_model(const std::string& audio) {
+  std::string body = form("unused", audio);
+  const auto model_part =
+      body.find("--"s.append(kBoundary) + "\r\nContent-Disposition: form-data; name=\"model\"");
+  const auto next_part = body.find("--"s.append(kBoundary), model_part + 2);
+  return body.erase(model_part, next_part - model_part);
+}
+
+TEST_F(Endpoints, ARequestWithoutAModelGoesToItsEndpointsDefault) {
+  auto other = start_mock();
+  constexpr std::string_view kKey = "sk-endpoints-whisper-only-0123";
+  TestGateway gateway(
+      "auth:\n  keys:\n    - name: open\n      key: sk-endpoints-open-0123456789\n"
+      "    - name: whisper-only\n      key: "s.append(kKey) +
+      "\n      models: [whisper]\n"
+      "models:\n  - name: whisper\n    deployments:\n" +
+      deployment_yaml("w1", other->base_url()) +
+      "  - name: studio\n    default_for: [/v1/moderations, /v1/images/edits]\n"
+      "    deployments:\n" +
+      deployment_yaml("s1", upstream_->base_url()));
+  const Headers key = bearer("sk-endpoints-open-0123456789");
+
+  auto moderation =
+      http_request(gateway.port(), "POST", "/v1/moderations", R"({"input":"is this fine?"})", key);
+  ASSERT_EQ(moderation.status, 200u) << moderation.body;
+  EXPECT_EQ(moderation.header("x-sluice-deployment"), "s1");
+  EXPECT_EQ(upstream_->recent_requests().back().body,
+            R"({"model":"mock-model","input":"is this fine?"})");
+
+  const std::string audio = awkward_audio(4096);
+  auto edit = http_request(gateway.port(), "POST", "/v1/images/edits", form_without_model(audio),
+                           form_headers(key));
+  ASSERT_EQ(edit.status, 200u) << edit.body;
+  EXPECT_EQ(edit.header("x-sluice-deployment"), "s1");
+  // The model field is added before the first part; the rest is as sent.
+  const std::string model_part = "--"s.append(kBoundary) +
+                                 "\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n"
+                                 "mock-model\r\n";
+  EXPECT_EQ(upstream_->recent_requests().back().body, model_part + form_without_model(audio));
+
+  // No default for transcriptions; a named model is used as named.
+  auto transcription = http_request(gateway.port(), "POST", "/v1/audio/transcriptions",
+                                    form_without_model(audio), form_headers(key));
+  EXPECT_EQ(transcription.status, 400u);
+  EXPECT_EQ(json::parse(transcription.body)["error"]["code"], "missing_required_parameter");
+  auto named = http_request(gateway.port(), "POST", "/v1/moderations",
+                            R"({"model":"whisper","input":"x"})", key);
+  EXPECT_EQ(named.header("x-sluice-deployment"), "w1");
+
+  // The default model is held to the key's models like a named one.
+  auto not_allowed = http_request(gateway.port(), "POST", "/v1/moderations", R"({"input":"x"})",
+                                  bearer(std::string(kKey)));
+  EXPECT_EQ(not_allowed.status, 404u);
+  EXPECT_EQ(json::parse(not_allowed.body)["error"]["code"], "model_not_found");
+}
+
 TEST_F(Endpoints, BrokenFormsAreRefusedBeforeTheUpstream) {
   TestGateway gateway(models_yaml(upstream_->base_url()));
   std::string two_models = form("whisper", "x", "model");

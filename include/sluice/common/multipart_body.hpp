@@ -26,4 +26,10 @@ std::optional<std::string_view> form_data_boundary(std::string_view content_type
 Result<RequestBody, ApiError> inspect_multipart_body(std::string_view body,
                                                      std::string_view boundary);
 
+// `body`, a form inspect_multipart_body refused only for naming no model,
+// with a `model` field holding `model` before its first part; the rest as it
+// came.
+std::string with_model_field(std::string_view body, std::string_view boundary,
+                             std::string_view model);
+
 }  // namespace sluice

@@ -44,6 +44,10 @@ inline constexpr int kMaxJsonDepth = 64;
 Result<RequestBody, ApiError> inspect_request_body(std::string_view body,
                                                    int max_depth = kMaxJsonDepth);
 
+// `body`, an object inspect_request_body refused only for naming no model,
+// with `"model":<model>` as its first member; the rest as it came.
+std::string with_model_member(std::string_view body, std::string_view model);
+
 // Whether `text` is one JSON value, by the same checks inspect_request_body
 // makes (a strict parser's verdicts: grammar, UTF-8, escapes, numbers) and
 // nested at most `max_depth` deep. Builds nothing.

@@ -119,6 +119,9 @@ struct Model {
   // model instead of having deployments of its own.
   std::vector<Rule> rules;
   Cache cache;
+  // Endpoints ("/moderations", as they follow /v1) whose requests that name
+  // no model this model serves.
+  std::vector<std::string> default_for;
 };
 
 struct Server {
@@ -238,6 +241,16 @@ struct Config {
   const Model* find_model(const std::string& name) const {
     auto it = model_index.find(name);
     return it == model_index.end() ? nullptr : &models[it->second];
+  }
+  // The model that serves requests to `endpoint` that name none; nullptr
+  // when there is none and such a request is refused.
+  const Model* default_model_for(std::string_view endpoint) const {
+    for (const auto& model : models) {
+      for (const auto& served : model.default_for) {
+        if (served == endpoint) return &model;
+      }
+    }
+    return nullptr;
   }
 };
 
