@@ -130,6 +130,7 @@ models:
         model: mock-model
 
   - name: e2e-media
+    default_for: [/v1/moderations]
     deployments:
       - id: e2e-media-mock
         base_url: ${baseUrl}
@@ -272,10 +273,14 @@ describe('OpenAI Node SDK through sluice', { timeout: 30000 }, () => {
     assert.equal(audio.subarray(0, 3).toString('latin1'), 'ID3');
   });
 
-  test('moderations.create and images.generate', async () => {
+  test('moderations.create, also without a model, and images.generate', async () => {
     const moderation = await client.moderations.create({ model: 'e2e-media', input: 'hello' });
     assert.equal(moderation.model, 'mock-media');
     assert.equal(moderation.results[0].flagged, false);
+    const { data: defaulted, response } =
+      await client.moderations.create({ input: 'hello' }).withResponse();
+    assert.equal(response.headers.get('x-sluice-deployment'), 'e2e-media-mock');
+    assert.equal(defaulted.model, 'mock-media');
     const image = await client.images.generate({ model: 'e2e-media', prompt: 'a lighthouse' });
     const bytes = Buffer.from(image.data[0].b64_json, 'base64');
     assert.equal(bytes.subarray(0, 3).toString('latin1'), 'ID3');
