@@ -40,6 +40,13 @@ std::string form(const std::string& model, const std::string& audio,
   return body;
 }
 
+// The same with a `stream` field of "true" instead of the language.
+std::string streaming_form(const std::string& model, const std::string& audio) {
+  std::string body = form(model, audio, "stream");
+  constexpr std::string_view kValue = "\r\n\r\nen\r\n";
+  return body.replace(body.rfind(kValue), kValue.size(), "\r\n\r\ntrue\r\n");
+}
+
 Headers form_headers(Headers headers = {}) {
   headers.emplace_back("Content-Type", form_content_type());
   return headers;
@@ -110,6 +117,48 @@ TEST_F(Endpoints, AFormIsForwardedByteForByteButForItsModel) {
   auto transcript = json::parse(
       http_request(gateway.port(), "POST", "/v1/audio/transcriptions", body, form_headers()).body);
   EXPECT_EQ(transcript["text"].get<std::string>().substr(0, 10), "tok0 tok1 ");
+}
+
+TEST_F(Endpoints, AStreamedTranscriptionIsRelayedEventByEvent) {
+  TestGateway gateway(models_yaml(upstream_->base_url()));
+  auto response = http_request(gateway.port(), "POST", "/v1/audio/transcriptions",
+                               form("whisper", awkward_audio(1024), "stream"), form_headers());
+  // form() sets the extra field to "en": not a stream.
+  ASSERT_EQ(response.status, 200u) << response.body;
+  EXPECT_EQ(response.header("content-type"), "application/json");
+
+  const std::string streamed = streaming_form("whisper", awkward_audio(1024));
+  response =
+      http_request(gateway.port(), "POST", "/v1/audio/transcriptions", streamed, form_headers());
+  ASSERT_EQ(response.status, 200u) << response.body;
+  EXPECT_EQ(response.header("content-type").substr(0, 17), "text/event-stream");
+  EXPECT_EQ(response.header("transfer-encoding"), "chunked");
+  const auto events = sse_data(response.body);
+  ASSERT_EQ(events.size(), 9u);  // 8 deltas, then the whole text
+  EXPECT_EQ(json::parse(events[0])["delta"], "tok0 ");
+  const auto done = json::parse(events.back());
+  EXPECT_EQ(done["type"], "transcript.text.done");
+  EXPECT_EQ(done["text"].get<std::string>().substr(0, 10), "tok0 tok1 ");
+  EXPECT_EQ(done["usage"]["type"], "tokens");
+  EXPECT_EQ(done["usage"]["output_tokens"], 8);
+}
+
+TEST_F(Endpoints, AStreamedTranscriptionCutUpstreamEndsWithAnErrorEvent) {
+  mock::Behaviour cut;
+  cut.fail = "reset-mid";
+  auto broken = start_mock(cut);
+  TestGateway gateway("models:\n  - name: whisper\n    deployments:\n" +
+                      deployment_yaml("w1", broken->base_url()));
+  const std::string streamed = streaming_form("whisper", awkward_audio(1024));
+  auto response =
+      http_request(gateway.port(), "POST", "/v1/audio/transcriptions", streamed, form_headers());
+  ASSERT_EQ(response.status, 200u) << response.body;
+  const auto events = sse_data(response.body);
+  ASSERT_FALSE(events.empty());
+  // Never a clean end: the last event is the gateway's error.
+  const auto last = json::parse(events.back());
+  ASSERT_TRUE(last.contains("error")) << events.back();
+  EXPECT_EQ(last["error"]["code"], "stream_interrupted");
 }
 
 TEST_F(Endpoints, AFailedAttemptSendsTheSameFormToTheNextDeployment) {

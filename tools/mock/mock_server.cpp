@@ -425,8 +425,9 @@ struct Plan {
 
 void append_usage(std::string& out, const Plan& plan) {
   const std::uint64_t completion = plan.behaviour.tokens;
-  if (plan.endpoint == Endpoint::responses) {
-    out += R"({"input_tokens":)";
+  if (plan.endpoint == Endpoint::responses || plan.endpoint == Endpoint::transcriptions) {
+    out += plan.endpoint == Endpoint::transcriptions ? R"({"type":"tokens","input_tokens":)"
+                                                     : R"({"input_tokens":)";
     append_uint(out, plan.prompt_tokens);
     out += R"(,"output_tokens":)";
     append_uint(out, completion);
@@ -587,8 +588,8 @@ class EventScript {
  public:
   explicit EventScript(const Plan& plan) : plan_(plan) {
     const std::size_t tokens = plan.behaviour.tokens;
-    if (plan.endpoint == Endpoint::responses) {
-      count_ = tokens + 1;  // deltas, then response.completed
+    if (plan.endpoint == Endpoint::responses || plan.endpoint == Endpoint::transcriptions) {
+      count_ = tokens + 1;  // deltas, then response.completed or transcript.text.done
       return;
     }
     count_ = tokens + 1 + (plan.include_usage ? 1 : 0) + 1;  // + finish, usage, [DONE]
@@ -611,6 +612,12 @@ class EventScript {
     const std::size_t tokens = plan_.behaviour.tokens;
     if (index < tokens) {
       append_token_event(index, out);
+    } else if (plan_.endpoint == Endpoint::transcriptions) {
+      out += R"(data: {"type":"transcript.text.done","text":")";
+      append_all_tokens(out, plan_);
+      out += R"(","usage":)";
+      append_usage(out, plan_);
+      out += "}\n\n";
     } else if (plan_.endpoint == Endpoint::responses) {
       out +=
           "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":";
@@ -640,6 +647,12 @@ class EventScript {
   // Appends the content event for token `index`; endless streams call this
   // past the scripted token count.
   void append_token_event(std::size_t index, std::string& out) const {
+    if (plan_.endpoint == Endpoint::transcriptions) {
+      out += R"(data: {"type":"transcript.text.delta","delta":")";
+      append_token(out, index);
+      out += "\"}\n\n";
+      return;
+    }
     if (plan_.endpoint == Endpoint::responses) {
       out += "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",";
       out += R"("item_id":"msg_mock_)";
@@ -1077,7 +1090,11 @@ std::variant<Plan, Reply> make_plan(Endpoint endpoint, const Request& request, S
     append_json_string(plan.model_json, kDefaultModel);
   }
   if (endpoint == Endpoint::chat || endpoint == Endpoint::completions ||
-      endpoint == Endpoint::responses) {
+      endpoint == Endpoint::responses || endpoint == Endpoint::transcriptions) {
+    // A form's fields are text: "true" streams.
+    if (auto stream = body.find("stream"); stream != body.end() && stream->is_string()) {
+      plan.stream = stream->get_ref<const std::string&>() == "true";
+    }
     if (auto stream = body.find("stream"); stream != body.end() && stream->is_boolean()) {
       plan.stream = stream->get<bool>();
     }
