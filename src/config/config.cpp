@@ -93,11 +93,13 @@ const char* type_name(const YAML::Node& node) {
   return "nothing";
 }
 
-std::string join_names(std::initializer_list<std::string_view> names) {
+// "a, b, c", each name after `prefix`.
+template <class Names>
+std::string join_names(const Names& names, std::string_view prefix = {}) {
   std::string joined;
-  for (auto name : names) {
+  for (std::string_view name : names) {
     if (!joined.empty()) joined += ", ";
-    joined += name;
+    joined.append(prefix).append(name);
   }
   return joined;
 }
@@ -900,11 +902,8 @@ std::vector<std::string> Loader::read_default_for(const Located& at) {
     const std::string path = read_non_empty_string(item);
     const auto endpoint = proxied_endpoint(path);
     if (!endpoint) {
-      std::string known;
-      for (const auto proxied : kProxiedEndpoints) {
-        known.append(known.empty() ? "/v1" : ", /v1").append(proxied);
-      }
-      fail(item, "'" + path + "' is not an endpoint sluice proxies (" + known + ")");
+      fail(item, "'" + path + "' is not an endpoint sluice proxies (" +
+                     join_names(kProxiedEndpoints, "/v1") + ")");
     }
     auto [previous, inserted] = default_for_paths_.emplace(*endpoint, item.path);
     if (!inserted) {
