@@ -93,6 +93,7 @@ function gatewayConfig(mockPort) {
   const baseUrl = `http://127.0.0.1:${mockPort}/v1`;
   return `server:
   listen: 127.0.0.1:0
+  admin_listen: off
   threads: 2
 
 log:

@@ -1,6 +1,7 @@
 // How the gateway takes connections: one listener whose connections are
 // handed round the workers, a port another process holds is refused, and the
-// connection limit counts the connections of all workers.
+// connection limit counts the connections of all workers. A test gateway
+// never binds a fixed port.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -82,6 +83,26 @@ TEST(Listener, APortAnotherGatewayListensOnIsRefused) {
   }
   EXPECT_EQ(listening_sockets_on(first.port()), 1);
   EXPECT_EQ(http_request(first.port(), "GET", "/health").status, 200u);
+}
+
+// Test gateways run side by side under `ctest -j`, and beside a gateway a
+// developer may be running on the default ports: a test's YAML that names no
+// listen address, or another one, must not make the gateway bind it.
+TEST(Listener, ATestGatewayListensOnAnEphemeralLoopbackPortWhateverItsYamlSays) {
+  auto upstream = start_mock();
+  for (const std::string server : {"  threads: 1\n", "  listen: 0.0.0.0:8080\n  threads: 1\n",
+                                   "  threads: 1\n  admin_listen: 127.0.0.1:9090\n"}) {
+    TestGateway first(gateway_yaml(server, upstream->base_url()));
+    TestGateway second(gateway_yaml(server, upstream->base_url()));
+    for (auto* gateway : {&first, &second}) {
+      EXPECT_NE(gateway->port(), 8080) << server;
+      EXPECT_EQ(listening_sockets_on(gateway->port()), 1) << server;
+      EXPECT_EQ(listening_sockets_on(gateway->gateway().admin_port()), 1) << server;
+      EXPECT_NE(gateway->gateway().admin_port(), 9090) << server;
+      EXPECT_EQ(http_request(gateway->port(), "GET", "/health").status, 200u) << server;
+    }
+    EXPECT_NE(first.port(), second.port());
+  }
 }
 
 TEST(Listener, TheConnectionLimitCountsTheConnectionsOfAllWorkers) {

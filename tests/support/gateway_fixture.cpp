@@ -22,12 +22,14 @@ std::string with_test_defaults(const std::string& yaml) {
 TestGateway::TestGateway(const std::string& yaml) {
   auto loaded = config::load_string(with_test_defaults(yaml));
   auto config = std::make_shared<config::Config>(*loaded);
-  // Tests run in parallel: the admin listener takes an ephemeral port too,
-  // and access lines stay out of the test output, unless a test asks.
-  if (yaml.find("admin_listen") == std::string::npos) {
-    config->server.admin_host = "127.0.0.1";
-    config->server.admin_port = 0;
-  }
+  // Tests run in parallel, and beside a gateway someone may be running on
+  // the default ports: both listeners take an ephemeral loopback port,
+  // whatever the YAML says (a test gateway's own `port()` tells where).
+  config->server.listen_host = "127.0.0.1";
+  config->server.listen_port = 0;
+  config->server.admin_host = "127.0.0.1";
+  config->server.admin_port = 0;
+  // Access lines stay out of the test output, unless a test asks.
   if (yaml.find("access_log") == std::string::npos) config->log.access_log = "off";
   gateway_ = std::make_unique<server::Gateway>(std::move(config));
   gateway_->start();
