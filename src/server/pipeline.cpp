@@ -558,6 +558,7 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ProxyInputs& in
                       context.snapshot->config->server.write_timeout);
   stream::RelayOptions relay_options;
   relay_options.strip_usage_only_chunks = inputs.strip_usage_only_chunks;
+  relay_options.client_reads_chunks = context.request.version() >= 11;
   relay_options.gaps = &context.gaps;
   relay_options.gap_histogram = context.snapshot->metrics->model(*context.model).inter_token_gap;
   relay_options.shard = context.worker.index();
@@ -596,7 +597,7 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ProxyInputs& in
     co_return co_await respond_broken_upstream(context, deployment, *outcome.upstream_error);
   }
   context.answered_at = finished_at;
-  co_return outcome.complete&& context.keep_alive;
+  co_return outcome.complete&& context.keep_alive && !outcome.close_delimited;
 }
 
 net::awaitable<bool> proxy(RequestContext& context, const ProxyInputs& inputs,

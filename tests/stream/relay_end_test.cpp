@@ -2,15 +2,21 @@
 // whole leaves in one write, its end (the last chunk) included, rather than
 // in a second write after the read that reports the end: every write is a
 // system call, and a short stream pays for each. And what the scanner still
-// holds back when the body ends reaches the client intact.
+// holds back when the body ends reaches the client intact. An answer that
+// has no body ends with its head, and one an HTTP/1.0 client cannot be told
+// the length of ends with the connection.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cctype>
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "sluice/upstream/connection.hpp"
@@ -209,6 +215,81 @@ TEST(RelayEnd, EventsSplitAcrossTheChunksOfOneReadArriveIntact) {
   expected += "data: [DONE]\n\n";
   CannedUpstream upstream(kStreamHead + chunks + kLastChunk);
   expect_budgeted_streams_arrive_as(upstream, expected);
+}
+
+// Sends `request` on a fresh connection and returns everything the gateway
+// sends back until it closes the connection, split at the end of the head;
+// the head lower-cased, so that names can be looked for in any spelling.
+std::pair<std::string, std::string> head_and_rest_until_close(TestGateway& gateway,
+                                                              const std::string& request) {
+  HttpConnection client(gateway.port(), std::chrono::seconds(3));
+  client.send_raw(request);
+  const std::string raw = client.read_until_close();
+  const auto head_end = raw.find("\r\n\r\n");
+  if (head_end == std::string::npos) return {raw, ""};
+  std::string head = raw.substr(0, head_end + 4);
+  for (char& c : head) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return {head, raw.substr(head_end + 4)};
+}
+
+std::string chat_request(std::string_view version, const std::string& fields, bool stream) {
+  const std::string body = chat_body("chat", stream);
+  return "POST /v1/chat/completions " + std::string(version) + "\r\nHost: x\r\n" + fields +
+         "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\n\r\n" + body;
+}
+
+// A 204 or a 304 never has a body: the client gets the head alone, with no
+// length or chunked framing that would promise one, and the connection goes
+// on to the next request.
+TEST(RelayEnd, ANoContentOrNotModifiedAnswerEndsWithItsHead) {
+  for (const std::string status : {"204 No Content", "304 Not Modified"}) {
+    SCOPED_TRACE(status);
+    CannedUpstream upstream("HTTP/1.1 " + status + "\r\nX-Upstream: kept\r\n\r\n");
+    TestGateway gateway(gateway_yaml(upstream));
+    auto [head, rest] = head_and_rest_until_close(
+        gateway, chat_request("HTTP/1.1", "Connection: close\r\n", false));
+    EXPECT_TRUE(head.starts_with("http/1.1 " + status.substr(0, 3))) << head;
+    EXPECT_NE(head.find("\r\nx-upstream: kept\r\n"), std::string::npos) << head;
+    EXPECT_EQ(head.find("transfer-encoding"), std::string::npos) << head;
+    EXPECT_EQ(head.find("content-length"), std::string::npos) << head;
+    EXPECT_EQ(rest, "");
+
+    HttpConnection client(gateway.port(), std::chrono::seconds(3));
+    for (int round = 0; round < 2; ++round) {
+      auto response = client.request("POST", "/v1/chat/completions", chat_body("chat", false));
+      EXPECT_EQ(std::to_string(response.status), status.substr(0, 3)) << "round " << round;
+      EXPECT_EQ(response.body, "") << "round " << round;
+    }
+  }
+}
+
+// An HTTP/1.0 client knows no chunked encoding: an answer of unknown length
+// (a stream) is sent as it comes, and the connection's close ends it, even
+// for a client that asked to keep the connection. An answer of known length
+// keeps its Content-Length.
+TEST(RelayEnd, AnHttp10ClientGetsAStreamEndedByTheConnectionsClose) {
+  CannedUpstream upstream(kStreamHead + chunk(kEvent) + chunk("data: [DONE]\n\n") + kLastChunk);
+  TestGateway gateway(gateway_yaml(upstream));
+  for (const std::string fields : {"", "Connection: keep-alive\r\n"}) {
+    SCOPED_TRACE(fields);
+    auto [head, rest] = head_and_rest_until_close(gateway, chat_request("HTTP/1.0", fields, true));
+    EXPECT_TRUE(head.starts_with("http/1.1 200")) << head;
+    EXPECT_EQ(head.find("transfer-encoding"), std::string::npos) << head;
+    EXPECT_EQ(head.find("content-length"), std::string::npos) << head;
+    EXPECT_NE(head.find("\r\nconnection: close\r\n"), std::string::npos) << head;
+    EXPECT_EQ(rest, kEvent + "data: [DONE]\n\n");
+  }
+
+  const std::string body = R"({"id":"c1","object":"chat.completion","choices":[]})";
+  CannedUpstream sized("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
+                       std::to_string(body.size()) + "\r\n\r\n" + body);
+  TestGateway sized_gateway(gateway_yaml(sized));
+  auto [head, rest] = head_and_rest_until_close(sized_gateway, chat_request("HTTP/1.0", "", false));
+  EXPECT_NE(head.find("\r\ncontent-length: " + std::to_string(body.size()) + "\r\n"),
+            std::string::npos)
+      << head;
+  EXPECT_EQ(rest, body);
 }
 
 }  // namespace
