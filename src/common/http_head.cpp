@@ -49,6 +49,20 @@ std::string& HeadWriter::finish() {
   return out_;
 }
 
+bool token_list_has(std::string_view list, std::string_view token) {
+  const auto is_whitespace = [](char c) { return c == ' ' || c == '\t'; };
+  while (!list.empty()) {
+    const std::size_t comma = list.find(',');
+    std::string_view element = list.substr(0, comma);
+    while (!element.empty() && is_whitespace(element.front())) element.remove_prefix(1);
+    while (!element.empty() && is_whitespace(element.back())) element.remove_suffix(1);
+    if (iequals(element, token)) return true;
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+  return false;
+}
+
 bool is_hop_by_hop_header(std::string_view name) {
   // By length first: most names a request carries are none of these, and
   // the length alone rules them out.

@@ -1,5 +1,6 @@
 #include "sluice/server/client_request.hpp"
 
+#include <algorithm>
 #include <boost/beast/http/error.hpp>
 #include <cstring>
 
@@ -170,6 +171,8 @@ bool is_withheld_from_upstream(http::field name, std::string_view name_text) {
 void ClientRequest::on_field_impl(http::field name, boost::beast::string_view name_text,
                                   boost::beast::string_view value, error_code&) {
   const std::string_view name_view(name_text.data(), name_text.size());
+  saw_connection_ = saw_connection_ || name == http::field::connection;
+  saw_transfer_encoding_ = saw_transfer_encoding_ || name == http::field::transfer_encoding;
   add_field(name_view, {value.data(), value.size()}, is_withheld_from_upstream(name, name_view));
 }
 
@@ -195,7 +198,42 @@ void ClientRequest::add_field(std::string_view name, std::string_view value, boo
   *out = '\n';
 }
 
-void ClientRequest::on_header_impl(error_code&) {}
+void ClientRequest::on_header_impl(error_code& ec) {
+  // Beast's parser reads a request whose last transfer coding is not
+  // chunked as one without a body, and its body as the next request: such a
+  // request has no length the gateway could know (RFC 9112 §6.3).
+  if (saw_transfer_encoding_ && !http::basic_parser<true>::chunked()) {
+    ec = http::error::bad_transfer_encoding;
+    return;
+  }
+  if (saw_connection_) withhold_connection_options();
+}
+
+void ClientRequest::withhold_connection_options() {
+  const auto listed = [this](std::string_view name) {
+    bool found = false;
+    for_each_value("connection",
+                   [&](std::string_view value) { found = found || token_list_has(value, name); });
+    return found;
+  };
+  const bool any_listed = std::any_of(fields_.begin(), fields_.end(), [&](const FieldEntry& entry) {
+    return !entry.withheld && listed(name_of(entry));
+  });
+  if (!any_listed) return;
+  Text forwarded;
+  forwarded.reserve(forwarded_.size());
+  for (auto& entry : fields_) {
+    if (entry.withheld) continue;
+    const std::string_view line(forwarded_.data() + entry.at,
+                                entry.name_size + entry.value_size + 4);
+    const bool hop_by_hop = listed(name_of(entry));
+    Text& lines = hop_by_hop ? withheld_ : forwarded;
+    entry.withheld = hop_by_hop;
+    entry.at = static_cast<std::uint32_t>(lines.size());
+    lines.append(line.data(), line.size());
+  }
+  forwarded_.swap(forwarded);
+}
 
 void ClientRequest::on_body_init_impl(const boost::optional<std::uint64_t>& content_length,
                                       error_code&) {

@@ -175,6 +175,9 @@ struct AttemptTask {
   upstream::AbortHandle abort_handle;
   std::optional<StartResult> result;
   bool running = false;
+  // The client's fields without those the deployment sets itself, when the
+  // client sent any of them.
+  std::string client_fields;
 
   bool has_usable_head() const { return result && result->ok() && result->value()->status() < 400; }
 };
@@ -184,6 +187,18 @@ net::awaitable<void> run_attempt(upstream::Client& client, const upstream::Origi
   task.result.emplace(co_await client.start(origin, task.request, task.limits, task.abort_handle));
   task.running = false;
   wakeup.cancel();
+}
+
+// The client's fields for `deployment`: a header the deployment configures
+// replaces the client's of the same name, which would otherwise go first
+// and be the one most upstreams read.
+std::string_view client_fields_for(const config::Deployment& deployment,
+                                   std::string_view client_fields, std::string& kept) {
+  if (deployment.headers.empty()) return client_fields;
+  return lines_without(client_fields, kept, [&](std::string_view name) {
+    return std::any_of(deployment.headers.begin(), deployment.headers.end(),
+                       [&](const auto& header) { return iequals(header.first, name); });
+  });
 }
 
 // Fills in the request `task` sends to the attempt's deployment; the
@@ -196,7 +211,8 @@ void prepare_attempt(const RequestContext& context, const ProxyInputs& inputs, A
   task.request =
       upstream::Request{"POST",
                         {deployment.base_url.path_prefix, inputs.endpoint, inputs.query},
-                        {inputs.client_fields, inputs.gateway_fields, task.wiring->fields},
+                        {client_fields_for(deployment, inputs.client_fields, task.client_fields),
+                         inputs.gateway_fields, task.wiring->fields},
                         {inputs.body_prefix,
                          inputs.form_data ? std::string_view(deployment.upstream_model)
                                           : std::string_view(task.wiring->model_literal),
@@ -542,6 +558,7 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ProxyInputs& in
                       context.snapshot->config->server.write_timeout);
   stream::RelayOptions relay_options;
   relay_options.strip_usage_only_chunks = inputs.strip_usage_only_chunks;
+  relay_options.client_reads_chunks = context.request.version() >= 11;
   relay_options.gaps = &context.gaps;
   relay_options.gap_histogram = context.snapshot->metrics->model(*context.model).inter_token_gap;
   relay_options.shard = context.worker.index();
@@ -580,7 +597,7 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ProxyInputs& in
     co_return co_await respond_broken_upstream(context, deployment, *outcome.upstream_error);
   }
   context.answered_at = finished_at;
-  co_return outcome.complete&& context.keep_alive;
+  co_return outcome.complete&& context.keep_alive && !outcome.close_delimited;
 }
 
 net::awaitable<bool> proxy(RequestContext& context, const ProxyInputs& inputs,

@@ -92,6 +92,18 @@ void release_if_over(Container& container, std::size_t kept) {
   if (container.capacity() > kept) Container().swap(container);
 }
 
+// These never have a body (RFC 9110 §15.3.5, §15.4.5), whatever framing
+// the upstream's fields give them.
+bool has_no_body(unsigned status) { return status == 204 || status == 304; }
+
+// The length of the body relayed; nullopt when it is not known ahead, as a
+// stream's never is: it is relayed as it is read.
+std::optional<std::uint64_t> relayed_length(const upstream::Exchange& exchange) {
+  if (has_no_body(exchange.status())) return 0;
+  if (exchange.is_event_stream()) return std::nullopt;
+  return exchange.content_length();
+}
+
 }  // namespace
 
 void Relay::Buffers::release_grown() {
@@ -153,8 +165,9 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
                                         bool keep_alive, const RelayOptions& options) {
   RelayOutcome outcome;
   const bool event_stream = exchange.is_event_stream();
-  const auto content_length = exchange.content_length();
-  const bool chunked = event_stream || !content_length;
+  const auto length = relayed_length(exchange);
+  const bool chunked = !length && options.client_reads_chunks;
+  outcome.close_delimited = !length && !options.client_reads_chunks;
 
   HeadWriter head(buffers_.head);
   head.status_line(exchange.status());
@@ -162,10 +175,10 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
   head.raw_fields(head_fields);
   if (chunked) {
     head.field("Transfer-Encoding", "chunked");
-  } else {
-    head.field("Content-Length", static_cast<std::size_t>(*content_length));
+  } else if (length && !has_no_body(exchange.status())) {
+    head.field("Content-Length", static_cast<std::size_t>(*length));
   }
-  if (!keep_alive) head.field("Connection", "close");
+  if (!keep_alive || outcome.close_delimited) head.field("Connection", "close");
   head.finish();
 
   bool head_pending = true;
@@ -290,7 +303,7 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
     // one write, rather than waiting for the read that reports the end.
     const bool body_ended = n == 0 || exchange.finished();
     body_read += n;
-    const bool read_to_length = !chunked && body_read >= *content_length;
+    const bool read_to_length = length && body_read >= *length;
     const auto spans = take_pieces(options, n, body_ended, read_to_length, outcome);
     // A Content-Length body's last piece is written after this report (and
     // after its capture), as is a chunked body's end.

@@ -17,6 +17,17 @@ namespace {
 // Room for a typical response's forwarded lines at once.
 constexpr std::size_t kTypicalLinesBytes = 256;
 
+constexpr std::string_view kRenamedPrefix = "upstream-";
+
+// x-request-id and x-ratelimit-*: the names the gateway's answer gives its
+// own values, which the upstream's are renamed out of the way of.
+bool is_renamed_from_upstream(std::string_view name) {
+  constexpr std::size_t kNameOrPrefixSize = 12;  // "x-request-id", "x-ratelimit-"
+  if (name.size() < kNameOrPrefixSize || (name[0] | 0x20) != 'x') return false;
+  if (name.size() == kNameOrPrefixSize && field_name_is(name, "x-request-id")) return true;
+  return field_name_is(name.substr(0, kNameOrPrefixSize), "x-ratelimit-");
+}
+
 }  // namespace
 
 std::size_t ResponseParser::take_body(std::string_view body, error_code& ec) {
@@ -197,7 +208,15 @@ void ResponseParser::on_response_impl(int code, boost::beast::string_view, int, 
 void ResponseParser::on_field_impl(http::field name, boost::beast::string_view name_text,
                                    boost::beast::string_view value, error_code&) {
   // Beast knows every hop-by-hop name, so an unknown one is end-to-end.
-  if (is_hop_by_hop_field(name)) return;
+  if (is_hop_by_hop_field(name)) {
+    const std::string_view options(value.data(), value.size());
+    if (name == http::field::connection && !iequals(options, "keep-alive") &&
+        !iequals(options, "close")) {
+      if (!connection_options_.empty()) connection_options_ += ',';
+      connection_options_.append(options);
+    }
+    return;
+  }
   keep_field({name_text.data(), name_text.size()}, {value.data(), value.size()});
 }
 
@@ -212,6 +231,7 @@ void ResponseParser::keep_field(std::string_view name, std::string_view value) {
     content_type_at_ = lines_.size() + name.size() + 2;
     content_type_size_ = value.size();
   }
+  if (is_renamed_from_upstream(name)) lines_.append(kRenamedPrefix);
   // Most lines are written "Name: value" and lie whole in the buffer: they
   // are copied as they came. Any other spacing, or a value Beast unfolded
   // into a buffer of its own, is written out piece by piece.
@@ -226,7 +246,31 @@ void ResponseParser::keep_field(std::string_view name, std::string_view value) {
   lines_.append(value.data(), value.size()).append("\r\n", 2);
 }
 
-void ResponseParser::on_header_impl(error_code&) {}
+void ResponseParser::on_header_impl(error_code&) {
+  if (!connection_options_.empty()) drop_connection_options();
+}
+
+void ResponseParser::drop_connection_options() {
+  const auto listed = [this](std::string_view name) {
+    if (token_list_has(connection_options_, name)) return true;
+    // A renamed field is named by the name the upstream gave it.
+    const std::string_view original = name.substr(std::min(name.size(), kRenamedPrefix.size()));
+    return original.size() < name.size() &&
+           iequals(name.substr(0, kRenamedPrefix.size()), kRenamedPrefix) &&
+           is_renamed_from_upstream(original) && token_list_has(connection_options_, original);
+  };
+  Lines kept;
+  if (lines_without(forwarded_fields(), kept, listed).size() == lines_.size()) return;
+  lines_.swap(kept);
+  content_type_at_ = content_type_size_ = 0;
+  for_each_field_line(forwarded_fields(), [&](const FieldLine& field) {
+    if (!field_name_is(field.name, "content-type")) return;
+    // As keep_field has it: the last one, its value after ": ".
+    content_type_at_ =
+        static_cast<std::size_t>(field.line.data() - lines_.data()) + field.name.size() + 2;
+    content_type_size_ = field.line.size() - field.name.size() - 4;
+  });
+}
 
 void ResponseParser::on_body_init_impl(const boost::optional<std::uint64_t>&, error_code&) {}
 

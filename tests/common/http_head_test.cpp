@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <string_view>
+
 namespace sluice {
 namespace {
 
@@ -49,6 +52,34 @@ TEST(HttpHead, FieldNameComparisonAgreesWithCaseInsensitiveEquality) {
   }
   // Each letter matched in both cases, each '-' once.
   EXPECT_EQ(matches, 2 * (2 + 6 + 7 + 10 + 13 + 16 + 18) + (0 + 1 + 2 + 0 + 1 + 1 + 1));
+}
+
+TEST(HttpHead, ATokenListIsReadElementByElement) {
+  EXPECT_TRUE(token_list_has("keep-alive, X-Hop", "x-hop"));
+  EXPECT_TRUE(token_list_has("x-hop", "X-HOP"));
+  EXPECT_TRUE(token_list_has(" ,\tx-hop\t, close", "x-hop"));
+  EXPECT_TRUE(token_list_has("close,x-hop", "close"));
+  EXPECT_FALSE(token_list_has("x-hops, x-ho", "x-hop"));
+  EXPECT_FALSE(token_list_has("", "x-hop"));
+  EXPECT_FALSE(token_list_has("x-hop", ""));
+}
+
+TEST(HttpHead, LinesWithoutSomeNamesAreCopiedOnlyWhenOneIsThere) {
+  const std::string lines = "A: 1\r\nB-Name: 2\r\na: 3\r\nC: \r\n";
+  const auto named = [](std::string_view wanted) {
+    return [wanted](std::string_view name) { return iequals(name, wanted); };
+  };
+  std::string kept = "untouched";
+  const auto same = lines_without(lines, kept, named("d"));
+  EXPECT_EQ(same.data(), lines.data());
+  EXPECT_EQ(same.size(), lines.size());
+  EXPECT_EQ(kept, "untouched");
+
+  EXPECT_EQ(lines_without(lines, kept, named("a")), "B-Name: 2\r\nC: \r\n");
+  EXPECT_EQ(lines_without(lines, kept, named("b-name")), "A: 1\r\na: 3\r\nC: \r\n");
+  EXPECT_EQ(lines_without(lines, kept, named("c")), "A: 1\r\nB-Name: 2\r\na: 3\r\n");
+  EXPECT_EQ(lines_without(lines, kept, [](std::string_view) { return true; }), "");
+  EXPECT_EQ(lines_without("", kept, [](std::string_view) { return true; }), "");
 }
 
 TEST(HttpHead, WriterBuildsAHeadAndReusesItsString) {

@@ -225,6 +225,64 @@ TEST(ClientRequest, LimitsAndBadHeadsAreErrors) {
   }
 }
 
+// RFC 9112 §6.3: without chunked as its last coding, a request's body has
+// no length the gateway could know. Beast's parser alone would read the
+// request as one without a body.
+TEST(ClientRequest, ATransferCodingOtherThanChunkedLastIsAnError) {
+  for (Reading reading : kBothReaders) {
+    SCOPED_TRACE(name_of(reading));
+    for (const std::string framing :
+         {"Transfer-Encoding: gzip\r\n", "Transfer-Encoding: chunked, gzip\r\n",
+          "Transfer-Encoding: gzip\r\nContent-Length: 2\r\n",
+          "Content-Length: 2\r\nTransfer-Encoding: identity\r\n"}) {
+      ClientRequest request(reading);
+      error_code ec;
+      feed_parser(request, "POST / HTTP/1.1\r\n" + framing + "\r\n{}", ec);
+      EXPECT_EQ(ec, http::error::bad_transfer_encoding) << framing;
+    }
+    ClientRequest request(reading);
+    error_code ec;
+    const std::string text =
+        "POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
+    EXPECT_EQ(feed_parser(request, text, ec), text.size());
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_EQ(request.body(), "{}");
+  }
+}
+
+// The fields a Connection field names are hop-by-hop (RFC 9110 §7.6.1):
+// withheld like the others, wherever they stand, and still looked up.
+TEST(ClientRequest, FieldsAConnectionFieldNamesAreWithheld) {
+  const std::string text =
+      "POST / HTTP/1.1\r\n"
+      "X-Hop: 1\r\n"
+      "Content-Type: application/json\r\n"
+      "Connection: keep-alive, x-hop\r\n"
+      "X-Kept: 2\r\n"
+      "connection: X-Later-Hop\r\n"
+      "x-later-hop: 3\r\n"
+      "Content-Length: 2\r\n"
+      "\r\n"
+      "{}";
+  for (Reading reading : kBothReaders) {
+    SCOPED_TRACE(name_of(reading));
+    ClientRequest request(reading);
+    error_code ec;
+    EXPECT_EQ(feed_parser(request, text, ec), text.size());
+    ASSERT_FALSE(ec) << ec.message();
+    EXPECT_TRUE(request.keep_alive());
+    EXPECT_EQ(request.forwarded_fields(), "Content-Type: application/json\r\nX-Kept: 2\r\n");
+    EXPECT_EQ(request.withheld_fields(),
+              "Connection: keep-alive, x-hop\r\nconnection: X-Later-Hop\r\n"
+              "Content-Length: 2\r\nX-Hop: 1\r\nx-later-hop: 3\r\n");
+    EXPECT_EQ(request["x-hop"], "1");
+    EXPECT_EQ(request["X-Later-Hop"], "3");
+    EXPECT_EQ(request["x-kept"], "2");
+    EXPECT_EQ(request.content_type(), "application/json");
+    EXPECT_EQ(request.body(), "{}");
+  }
+}
+
 TEST(ClientRequest, APlainBodyArrivesWholeWhateverThePieces) {
   const std::string head =
       "POST /v1/embeddings HTTP/1.1\r\n"

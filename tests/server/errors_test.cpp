@@ -169,6 +169,28 @@ TEST_F(GatewayErrors, ConflictingFramingIs400) {
   EXPECT_EQ(upstream_->stats().requests, 0u);
 }
 
+// A request whose last transfer coding is not chunked has no length the
+// gateway could know (RFC 9112 §6.3): it is refused, never read as a request
+// without a body whose bytes would then be taken for the next request.
+TEST_F(GatewayErrors, ATransferCodingOtherThanChunkedLastIs400) {
+  const std::string body = chat_body("chat", false);
+  for (const std::string& framing :
+       {std::string("Transfer-Encoding: gzip\r\n"),
+        std::string("Transfer-Encoding: chunked, gzip\r\n"),
+        "Transfer-Encoding: gzip\r\nContent-Length: " + std::to_string(body.size()) + "\r\n"}) {
+    SCOPED_TRACE(framing);
+    HttpConnection client(gateway_->port(), 3s);
+    client.send_raw("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + framing + "\r\n" + body);
+    auto response = client.read_head();
+    response.body = client.read_rest_of_body();
+    expect_openai_error(response, 400, "bad_request");
+    EXPECT_NE(response.body.find("Transfer-Encoding"), std::string::npos) << response.body;
+    EXPECT_EQ(response.header("connection"), "close");
+    EXPECT_TRUE(client.closed_by_peer());
+  }
+  EXPECT_EQ(upstream_->stats().requests, 0u);
+}
+
 TEST_F(GatewayErrors, Http10RequestIsServedAndClosed) {
   HttpConnection client(gateway_->port());
   const std::string body = chat_body("chat", false);

@@ -6,7 +6,9 @@
 #include <boost/beast/core/string.hpp>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <utility>
 
+#include "support/canned_upstream.hpp"
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
 
@@ -194,6 +196,108 @@ TEST(Proxy, RewritesModelAndCredentialsAndDropsHopByHopHeaders) {
   EXPECT_EQ(
       seen.body,
       R"({"temperature":0.5,"model":"upstream-name","messages":[{"role":"user","content":"x"}]})");
+}
+
+// A header the deployment configures is the one its upstream gets: the
+// client's of the same name, in any spelling, would otherwise go first, and
+// most upstreams read the first. The next deployment in line configures
+// none, and gets the client's.
+TEST(Proxy, ADeploymentsOwnHeaderReplacesTheClientsOfTheSameName) {
+  mock::Behaviour failing;
+  failing.fail = "500";
+  auto configured = start_mock(failing);
+  auto unconfigured = start_mock();
+  TestGateway gateway(
+      "router:\n  retries: 1\n  backoff: {base: 1ms, max: 1ms}\n"
+      "models:\n  - name: chat\n    strategy: priority\n    deployments:\n" +
+      deployment_yaml("configured", configured->base_url(),
+                      "        headers: {OpenAI-Organization: org-operator}\n") +
+      deployment_yaml("unconfigured", unconfigured->base_url()));
+  auto response =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false),
+                   {{"openai-organization", "org-client"}, {"X-Custom", "kept"}});
+  ASSERT_EQ(response.status, 200u) << response.body;
+  EXPECT_EQ(response.header("x-sluice-deployment"), "unconfigured");
+
+  for (const auto& [upstream, organization] :
+       {std::pair{configured.get(), "org-operator"}, std::pair{unconfigured.get(), "org-client"}}) {
+    auto recorded = upstream->recent_requests();
+    ASSERT_EQ(recorded.size(), 1u) << organization;
+    const Headers received(recorded[0].headers.begin(), recorded[0].headers.end());
+    EXPECT_EQ(count_named(received, "openai-organization"), 1u) << organization;
+    EXPECT_EQ(recorded[0].header("openai-organization").value_or(""), organization);
+    EXPECT_EQ(recorded[0].header("x-custom").value_or(""), "kept") << organization;
+  }
+}
+
+// What the client's Connection names is hop-by-hop (RFC 9110 §7.6.1): it
+// stays with the gateway, whether named before or after it.
+TEST(Proxy, FieldsTheClientsConnectionNamesAreNotForwarded) {
+  auto upstream = start_mock();
+  TestGateway gateway(one_model(upstream->base_url()));
+  auto response =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false),
+                   {{"X-Hop-Only", "1"},
+                    {"Connection", "keep-alive, X-Hop-Only, x-second-hop"},
+                    {"X-Second-Hop", "2"},
+                    {"X-Custom", "kept"}});
+  ASSERT_EQ(response.status, 200u) << response.body;
+  auto recorded = upstream->recent_requests();
+  ASSERT_EQ(recorded.size(), 1u);
+  EXPECT_FALSE(recorded[0].header("x-hop-only").has_value());
+  EXPECT_FALSE(recorded[0].header("x-second-hop").has_value());
+  EXPECT_EQ(recorded[0].header("x-custom").value_or(""), "kept");
+}
+
+// The same for what the upstream's Connection names: it never reaches the
+// client.
+TEST(Proxy, FieldsTheUpstreamsConnectionNamesAreNotRelayed) {
+  const std::string body = R"({"id":"c1","object":"chat.completion","choices":[]})";
+  CannedUpstream upstream(
+      "HTTP/1.1 200 OK\r\nX-Upstream-Hop: 1\r\nContent-Type: application/json\r\n"
+      "Connection: keep-alive, X-Upstream-Hop\r\nX-Kept: 2\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body);
+  TestGateway gateway(one_model(upstream.base_url(), kNoWarmConnections));
+  HttpConnection client(gateway.port());
+  for (int round = 0; round < 2; ++round) {
+    auto response = client.request("POST", "/v1/chat/completions", chat_body("chat", false));
+    ASSERT_EQ(response.status, 200u) << response.body;
+    EXPECT_FALSE(response.has_header("x-upstream-hop")) << round;
+    EXPECT_EQ(response.header("x-kept"), "2") << round;
+    EXPECT_EQ(response.header("content-type"), "application/json") << round;
+    EXPECT_EQ(response.body, body) << round;
+  }
+}
+
+// The answer's x-request-id is the gateway's, and its x-ratelimit-* fields
+// describe the key's limits in the gateway: the upstream's own are renamed
+// under "upstream-", where a client (and the provider's support, who ask for
+// the request id) can still find them.
+TEST(Proxy, TheUpstreamsRequestIdAndRateLimitsAreRenamed) {
+  const std::string body = R"({"id":"c1","object":"chat.completion","choices":[]})";
+  CannedUpstream upstream(
+      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nx-request-id: req-upstream-7\r\n"
+      "X-RateLimit-Remaining-Requests: 4999\r\nx-ratelimit-limit-tokens: 90000\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body);
+  const std::string key = "sk-proxy-team-0123456789";
+  TestGateway gateway(
+      one_model(upstream.base_url(), kNoWarmConnections,
+                "auth:\n  keys:\n    - name: team\n      key: " + key + "\n      rpm: 5\n"));
+  Headers headers = bearer(key);
+  headers.emplace_back("x-request-id", "req-client-3");
+  auto response = http_request(gateway.port(), "POST", "/v1/chat/completions",
+                               chat_body("chat", false), headers);
+  ASSERT_EQ(response.status, 200u) << response.body;
+  EXPECT_EQ(count_named(response.headers, "x-request-id"), 1u);
+  EXPECT_EQ(response.header("x-request-id"), "req-client-3");
+  EXPECT_EQ(response.header("upstream-x-request-id"), "req-upstream-7");
+  EXPECT_EQ(count_named(response.headers, "x-ratelimit-remaining-requests"), 1u);
+  EXPECT_EQ(response.header("x-ratelimit-remaining-requests"), "4");
+  EXPECT_EQ(response.header("upstream-x-ratelimit-remaining-requests"), "4999");
+  // The key has no token limit, so the gateway sends no token fields.
+  EXPECT_FALSE(response.has_header("x-ratelimit-limit-tokens"));
+  EXPECT_EQ(response.header("upstream-x-ratelimit-limit-tokens"), "90000");
 }
 
 TEST(Proxy, GeneratesRequestIdWhenAbsent) {

@@ -2,29 +2,25 @@
 // whole leaves in one write, its end (the last chunk) included, rather than
 // in a second write after the read that reports the end: every write is a
 // system call, and a short stream pays for each. And what the scanner still
-// holds back when the body ends reaches the client intact.
+// holds back when the body ends reaches the client intact. An answer that
+// has no body ends with its head, and one an HTTP/1.0 client cannot be told
+// the length of ends with the connection.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <atomic>
-#include <boost/asio/as_tuple.hpp>
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/read.hpp>
-#include <boost/asio/read_until.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/use_awaitable.hpp>
-#include <boost/asio/write.hpp>
+#include <cctype>
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <thread>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "sluice/upstream/connection.hpp"
+#include "support/canned_upstream.hpp"
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
 
@@ -66,81 +62,6 @@ extern "C" ssize_t recvmsg(int descriptor, msghdr* message, int flags) {
 
 namespace sluice::testing {
 namespace {
-
-namespace net = boost::asio;
-using net::ip::tcp;
-
-std::string chunk(const std::string& data) {
-  char size[20];
-  const int length = std::snprintf(size, sizeof size, "%zx\r\n", data.size());
-  return std::string(size, static_cast<std::size_t>(length)) + data + "\r\n";
-}
-
-// An upstream that answers every request with the same response, sent in
-// one write so that it arrives whole, or in parts some time apart so that
-// each arrives in a read of its own.
-class CannedUpstream {
- public:
-  explicit CannedUpstream(std::string response)
-      : CannedUpstream(std::vector{std::move(response)}) {}
-  explicit CannedUpstream(std::vector<std::string> parts)
-      : parts_(std::move(parts)), acceptor_(context_, {net::ip::make_address("127.0.0.1"), 0}) {
-    net::co_spawn(context_, accept_connections(), net::detached);
-    thread_ = std::thread([this] { context_.run(); });
-  }
-  ~CannedUpstream() {
-    context_.stop();
-    thread_.join();
-  }
-
-  std::string base_url() const {
-    return "http://127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port()) + "/v1";
-  }
-
- private:
-  net::awaitable<void> accept_connections() {
-    for (;;) {
-      auto [ec, connection] = co_await acceptor_.async_accept(net::as_tuple(net::use_awaitable));
-      if (ec) co_return;
-      net::co_spawn(context_, answer(std::move(connection)), net::detached);
-    }
-  }
-
-  net::awaitable<void> answer(tcp::socket connection) {
-    std::string received;
-    for (;;) {
-      auto [ec, head] = co_await net::async_read_until(
-          connection, net::dynamic_buffer(received), "\r\n\r\n", net::as_tuple(net::use_awaitable));
-      if (ec) co_return;
-      // The gateway's requests carry a Content-Length body.
-      const auto field = received.substr(0, head).find("Content-Length: ");
-      const std::size_t length =
-          field == std::string::npos ? 0 : std::stoul(received.substr(field + 16));
-      if (received.size() < head + length) {
-        auto [body_ec, unused] =
-            co_await net::async_read(connection, net::dynamic_buffer(received),
-                                     net::transfer_exactly(head + length - received.size()),
-                                     net::as_tuple(net::use_awaitable));
-        if (body_ec) co_return;
-      }
-      received.erase(0, head + length);
-      for (std::size_t part = 0; part < parts_.size(); ++part) {
-        if (part > 0) {
-          net::steady_timer pause(context_, std::chrono::milliseconds(30));
-          co_await pause.async_wait(net::as_tuple(net::use_awaitable));
-        }
-        auto [write_ec, written] = co_await net::async_write(connection, net::buffer(parts_[part]),
-                                                             net::as_tuple(net::use_awaitable));
-        if (write_ec) co_return;
-      }
-    }
-  }
-
-  std::vector<std::string> parts_;
-  net::io_context context_;
-  tcp::acceptor acceptor_;
-  std::thread thread_;
-};
 
 std::string gateway_yaml(const CannedUpstream& upstream) {
   return "models:\n  - name: chat\n    deployments:\n" +
@@ -294,6 +215,81 @@ TEST(RelayEnd, EventsSplitAcrossTheChunksOfOneReadArriveIntact) {
   expected += "data: [DONE]\n\n";
   CannedUpstream upstream(kStreamHead + chunks + kLastChunk);
   expect_budgeted_streams_arrive_as(upstream, expected);
+}
+
+// Sends `request` on a fresh connection and returns everything the gateway
+// sends back until it closes the connection, split at the end of the head;
+// the head lower-cased, so that names can be looked for in any spelling.
+std::pair<std::string, std::string> head_and_rest_until_close(TestGateway& gateway,
+                                                              const std::string& request) {
+  HttpConnection client(gateway.port(), std::chrono::seconds(3));
+  client.send_raw(request);
+  const std::string raw = client.read_until_close();
+  const auto head_end = raw.find("\r\n\r\n");
+  if (head_end == std::string::npos) return {raw, ""};
+  std::string head = raw.substr(0, head_end + 4);
+  for (char& c : head) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return {head, raw.substr(head_end + 4)};
+}
+
+std::string chat_request(std::string_view version, const std::string& fields, bool stream) {
+  const std::string body = chat_body("chat", stream);
+  return "POST /v1/chat/completions " + std::string(version) + "\r\nHost: x\r\n" + fields +
+         "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\n\r\n" + body;
+}
+
+// A 204 or a 304 never has a body: the client gets the head alone, with no
+// length or chunked framing that would promise one, and the connection goes
+// on to the next request.
+TEST(RelayEnd, ANoContentOrNotModifiedAnswerEndsWithItsHead) {
+  for (const std::string status : {"204 No Content", "304 Not Modified"}) {
+    SCOPED_TRACE(status);
+    CannedUpstream upstream("HTTP/1.1 " + status + "\r\nX-Upstream: kept\r\n\r\n");
+    TestGateway gateway(gateway_yaml(upstream));
+    auto [head, rest] = head_and_rest_until_close(
+        gateway, chat_request("HTTP/1.1", "Connection: close\r\n", false));
+    EXPECT_TRUE(head.starts_with("http/1.1 " + status.substr(0, 3))) << head;
+    EXPECT_NE(head.find("\r\nx-upstream: kept\r\n"), std::string::npos) << head;
+    EXPECT_EQ(head.find("transfer-encoding"), std::string::npos) << head;
+    EXPECT_EQ(head.find("content-length"), std::string::npos) << head;
+    EXPECT_EQ(rest, "");
+
+    HttpConnection client(gateway.port(), std::chrono::seconds(3));
+    for (int round = 0; round < 2; ++round) {
+      auto response = client.request("POST", "/v1/chat/completions", chat_body("chat", false));
+      EXPECT_EQ(std::to_string(response.status), status.substr(0, 3)) << "round " << round;
+      EXPECT_EQ(response.body, "") << "round " << round;
+    }
+  }
+}
+
+// An HTTP/1.0 client knows no chunked encoding: an answer of unknown length
+// (a stream) is sent as it comes, and the connection's close ends it, even
+// for a client that asked to keep the connection. An answer of known length
+// keeps its Content-Length.
+TEST(RelayEnd, AnHttp10ClientGetsAStreamEndedByTheConnectionsClose) {
+  CannedUpstream upstream(kStreamHead + chunk(kEvent) + chunk("data: [DONE]\n\n") + kLastChunk);
+  TestGateway gateway(gateway_yaml(upstream));
+  for (const std::string fields : {"", "Connection: keep-alive\r\n"}) {
+    SCOPED_TRACE(fields);
+    auto [head, rest] = head_and_rest_until_close(gateway, chat_request("HTTP/1.0", fields, true));
+    EXPECT_TRUE(head.starts_with("http/1.1 200")) << head;
+    EXPECT_EQ(head.find("transfer-encoding"), std::string::npos) << head;
+    EXPECT_EQ(head.find("content-length"), std::string::npos) << head;
+    EXPECT_NE(head.find("\r\nconnection: close\r\n"), std::string::npos) << head;
+    EXPECT_EQ(rest, kEvent + "data: [DONE]\n\n");
+  }
+
+  const std::string body = R"({"id":"c1","object":"chat.completion","choices":[]})";
+  CannedUpstream sized("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
+                       std::to_string(body.size()) + "\r\n\r\n" + body);
+  TestGateway sized_gateway(gateway_yaml(sized));
+  auto [head, rest] = head_and_rest_until_close(sized_gateway, chat_request("HTTP/1.0", "", false));
+  EXPECT_NE(head.find("\r\ncontent-length: " + std::to_string(body.size()) + "\r\n"),
+            std::string::npos)
+      << head;
+  EXPECT_EQ(rest, body);
 }
 
 }  // namespace

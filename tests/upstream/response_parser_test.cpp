@@ -7,6 +7,7 @@
 #include <boost/asio/buffer.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/field.hpp>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -51,7 +52,7 @@ TEST(ResponseParser, KeepsEndToEndFieldsAsReceivedAndDropsHopByHopOnes) {
   EXPECT_EQ(parser.forwarded_fields(),
             "Server: upstream\r\n"
             "content-type: application/json; charset=utf-8\r\n"
-            "X-RateLimit-Remaining-Requests: 0\r\n"
+            "upstream-X-RateLimit-Remaining-Requests: 0\r\n"
             "Retry-After: 7\r\n");
   EXPECT_EQ(parser.content_type(), "application/json; charset=utf-8");
   EXPECT_FALSE(parser.is_event_stream());
@@ -451,6 +452,70 @@ TEST(ResponseParser, ThePlainReaderAgreesWithBeastOnFramingEdges) {
            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\r\n",
        }) {
     expect_read_alike(text);
+  }
+}
+
+constexpr std::initializer_list<ResponseParser::Reading> kBothReaders = {
+    ResponseParser::Reading::plain_when_possible, ResponseParser::Reading::beast_only};
+
+// The upstream's request id and rate limits are renamed out of the way of
+// the gateway's own, in any spelling and however the line was written; a
+// name that only starts alike is not.
+TEST(ResponseParser, TheUpstreamsRequestIdAndRateLimitsAreRenamed) {
+  const std::string head =
+      "HTTP/1.1 200 OK\r\n"
+      "X-Request-ID: req-1\r\n"
+      "x-ratelimit-limit-requests:5000\r\n"
+      "x-ratelimit-remaining-tokens: 89000\r\n"
+      "x-request-ids: not-renamed\r\n"
+      "x-ratelimits: not-renamed\r\n"
+      "Content-Type: application/json\r\n"
+      "Content-Length: 0\r\n"
+      "\r\n";
+  for (auto reading : kBothReaders) {
+    ResponseParser parser(reading);
+    error_code ec;
+    EXPECT_EQ(feed_parser(parser, head, ec), head.size());
+    ASSERT_FALSE(ec) << ec.message();
+    EXPECT_EQ(parser.forwarded_fields(),
+              "upstream-X-Request-ID: req-1\r\n"
+              "upstream-x-ratelimit-limit-requests: 5000\r\n"
+              "upstream-x-ratelimit-remaining-tokens: 89000\r\n"
+              "x-request-ids: not-renamed\r\n"
+              "x-ratelimits: not-renamed\r\n"
+              "Content-Type: application/json\r\n");
+    EXPECT_EQ(parser.content_type(), "application/json");
+  }
+}
+
+// The fields a Connection field names are hop-by-hop (RFC 9110 §7.6.1):
+// dropped wherever they stand, a renamed one by the name the upstream gave
+// it, and the content type found where it moved to.
+TEST(ResponseParser, FieldsAConnectionFieldNamesAreDropped) {
+  const std::string head =
+      "HTTP/1.1 200 OK\r\n"
+      "X-Hop: 1\r\n"
+      "x-request-id: req-1\r\n"
+      "Connection: keep-alive, x-hop\r\n"
+      "X-Kept: 2\r\n"
+      "Content-Type: text/event-stream\r\n"
+      "connection: X-Request-Id ,X-Later-Hop\r\n"
+      "x-later-hop: 3\r\n"
+      "Transfer-Encoding: chunked\r\n"
+      "\r\n"
+      "2\r\nab\r\n0\r\n\r\n";
+  for (auto reading : kBothReaders) {
+    ResponseParser parser(reading);
+    std::vector<std::string_view> views;
+    parser.set_body_views(views);
+    error_code ec;
+    EXPECT_EQ(feed_parser(parser, head, ec), head.size());
+    ASSERT_FALSE(ec) << ec.message();
+    EXPECT_TRUE(parser.is_done());
+    EXPECT_TRUE(parser.keep_alive());
+    EXPECT_EQ(parser.forwarded_fields(), "X-Kept: 2\r\nContent-Type: text/event-stream\r\n");
+    EXPECT_EQ(parser.content_type(), "text/event-stream");
+    EXPECT_TRUE(parser.is_event_stream());
   }
 }
 

@@ -43,6 +43,46 @@ bool is_hop_by_hop_header(std::string_view name);
 // every hop-by-hop name, so an unknown one is end-to-end.
 bool is_hop_by_hop_field(boost::beast::http::field name);
 
+// Whether the comma-separated list `list` (a Connection value, RFC 9110
+// §7.6.1) holds `token`, compared case-insensitively.
+bool token_list_has(std::string_view list, std::string_view token);
+
+// One "Name: value\r\n" line of a run of them, as the parsers keep them.
+struct FieldLine {
+  std::string_view name;
+  std::string_view line;  // the whole line, its CRLF included
+};
+
+// Calls visit(FieldLine) for each line of `lines`, in order.
+template <class Visit>
+void for_each_field_line(std::string_view lines, Visit&& visit) {
+  while (!lines.empty()) {
+    const std::size_t end = lines.find('\n');
+    const std::string_view line = lines.substr(0, end == std::string_view::npos ? end : end + 1);
+    visit(FieldLine{line.substr(0, line.find(':')), line});
+    lines.remove_prefix(line.size());
+  }
+}
+
+// `lines` without the lines whose name drop(name) holds: `lines` itself,
+// with nothing copied, when there is none; otherwise the rest, copied into
+// `kept`.
+template <class Text, class Drop>
+std::string_view lines_without(std::string_view lines, Text& kept, Drop&& drop) {
+  bool dropped_any = false;
+  for_each_field_line(lines, [&](const FieldLine& field) {
+    if (drop(field.name)) {
+      if (!dropped_any) {
+        kept.assign(lines.data(), static_cast<std::size_t>(field.line.data() - lines.data()));
+      }
+      dropped_any = true;
+    } else if (dropped_any) {
+      kept.append(field.line.data(), field.line.size());
+    }
+  });
+  return dropped_any ? std::string_view(kept.data(), kept.size()) : lines;
+}
+
 // ASCII case-insensitive equality, as header names compare.
 inline bool iequals(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;

@@ -95,6 +95,9 @@ class ClientRequest final : public PlainFirstParser<true, ClientRequest> {
   void begin_head(boost::beast::http::verb method, std::string_view method_text,
                   std::string_view target, unsigned version);
   void add_field(std::string_view name, std::string_view value, bool withheld);
+  // Moves the forwarded fields that a Connection field names to the
+  // withheld ones: they are hop-by-hop too (RFC 9110 §7.6.1).
+  void withhold_connection_options();
   friend PlainFirstParser;
   std::size_t read_plain_head(std::string_view bytes);
   std::size_t take_plain_body(std::string_view bytes, boost::beast::error_code& ec);
@@ -128,6 +131,10 @@ class ClientRequest final : public PlainFirstParser<true, ClientRequest> {
   std::size_t method_size_ = 0;
   int content_type_field_ = -1;  // its index in fields_
   unsigned version_ = 11;
+  // Seen by Beast's parser; the plain reader leaves every head with either
+  // to it, save a Connection of close or keep-alive alone.
+  bool saw_connection_ = false;
+  bool saw_transfer_encoding_ = false;
 };
 
 // Client fields that must not travel upstream: framing and hop-by-hop

@@ -36,12 +36,17 @@ struct RelayOutcome {
   std::size_t events = 0;  // SSE events relayed
   // The body outgrew RelayOptions::capture_limit; the capture was dropped.
   bool capture_overflowed = false;
+  // The answer's end is the connection's: the client must not be kept.
+  bool close_delimited = false;
 };
 
 struct RelayOptions {
   // The gateway asked the upstream for a usage chunk the client did not ask
   // for: keep it from the client.
   bool strip_usage_only_chunks = false;
+  // False for an HTTP/1.0 client, which knows no chunked encoding: a body
+  // of unknown length is sent as it is, and the connection's close ends it.
+  bool client_reads_chunks = true;
   // Where gaps between streamed reads go (both optional: a default handle
   // records nothing).
   metrics::GapTracker* gaps = nullptr;

@@ -39,7 +39,10 @@ class ResponseParser final : public PlainFirstParser<false, ResponseParser> {
 
   unsigned status() const { return status_; }
   // "Name: value\r\n" for every field except the hop-by-hop and framing ones
-  // (is_hop_by_hop_header), in the order and spelling received.
+  // (is_hop_by_hop_header, and those a Connection field names), in the
+  // order and spelling received. The upstream's x-request-id and
+  // x-ratelimit-* fields are renamed upstream-x-request-id and so on: the
+  // gateway's answer has its own, for the client's request and key.
   std::string_view forwarded_fields() const { return {lines_.data(), lines_.size()}; }
   // The Content-Type value; empty when there is none.
   std::string_view content_type() const {
@@ -86,6 +89,8 @@ class ResponseParser final : public PlainFirstParser<false, ResponseParser> {
   void begin_head(unsigned status);
   // Keeps an end-to-end field.
   void keep_field(std::string_view name, std::string_view value);
+  // Drops the kept fields that a Connection field names.
+  void drop_connection_options();
 
   void on_request_impl(boost::beast::http::verb method, boost::beast::string_view method_text,
                        boost::beast::string_view target, int version,
@@ -105,6 +110,9 @@ class ResponseParser final : public PlainFirstParser<false, ResponseParser> {
   void on_finish_impl(boost::beast::error_code& ec) override;
 
   Lines lines_;
+  // The Connection values that name more than close or keep-alive, joined
+  // by commas; only Beast's parser reads those.
+  Lines connection_options_;
   std::size_t content_type_at_ = 0;
   std::size_t content_type_size_ = 0;
   std::optional<std::chrono::seconds> retry_after_;
