@@ -68,6 +68,7 @@ std::string UpstreamError::describe() const {
 void AbortHandle::abort() {
   aborted_ = true;
   if (connection_) connection_->close();
+  resolving_.interrupt();
 }
 
 Exchange::Exchange(Pool& pool, Limits limits, AbortHandle& abort_handle)
@@ -98,6 +99,13 @@ Exchange::~Exchange() {
   }
 }
 
+void Exchange::drop_dead_connection() {
+  abort_handle_.connection_ = nullptr;
+  connection_->close();
+  connection_.reset();
+  pool_.note_discarded();
+}
+
 void Exchange::abort() {
   failed_ = true;
   if (connection_) connection_->close();
@@ -112,7 +120,8 @@ UpstreamError Exchange::classify(const error_code& ec, bool expecting_head) cons
     return {expecting_head ? Failure::first_byte_timeout : Failure::idle_timeout, ec};
   }
   if (expecting_head) {
-    bool got_nothing = !parser_->got_some() && connection_->read_buffer().size() == 0;
+    bool got_nothing =
+        !got_interim_ && !parser_->got_some() && connection_->read_buffer().size() == 0;
     if (got_nothing && (is_benign_network_error(ec) || ec == http::error::end_of_stream)) {
       return {Failure::no_response, ec};
     }
@@ -243,7 +252,8 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
   if (origin.address) {
     endpoints = std::span(&*origin.address, 1);
   } else {
-    auto lookup = co_await deps_.dns.resolve(origin.host, origin.port, connect_deadline);
+    auto lookup = co_await deps_.dns.resolve(origin.host, origin.port, connect_deadline,
+                                             &abort_handle.resolving_);
     if (abort_handle.aborted()) co_return UpstreamError{Failure::aborted, {}};
     if (!lookup) {
       auto failure =
@@ -330,6 +340,7 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
     exchange->connection_ = std::move(connection);
     exchange->reset_parser();
     exchange->failed_ = false;
+    exchange->got_interim_ = false;
 
     auto& conn = *exchange->connection_;
     // The wait for the head starts once the connection is ready to send, and
@@ -361,9 +372,7 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
     if (write_ec) {
       exchange->failed_ = true;
       if (timing.reused && !abort_handle.aborted()) {
-        exchange->connection_->close();
-        exchange->connection_.reset();
-        deps_.pool.note_discarded();
+        exchange->drop_dead_connection();
         continue;
       }
       auto error = exchange->classify(write_ec, true);
@@ -373,21 +382,32 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
     abort_handle.notify_sent();
 
     error_code read_ec;
-    if (auto* socket = conn.plain_socket()) {
-      read_ec = co_await read_http(*socket, conn.read_buffer(), *exchange->parser_, false,
-                                   conn.deadline(), first_read);
-    } else {
-      auto [tls_ec, head_bytes] = co_await http::async_read_header(
-          conn, conn.read_buffer(), exchange->parser_->beast_parser(), as_tuple(use_awaitable));
-      read_ec = tls_ec;
+    for (auto read_start = first_read;; read_start = ReadStart::try_at_once) {
+      if (auto* socket = conn.plain_socket()) {
+        read_ec = co_await read_http(*socket, conn.read_buffer(), *exchange->parser_, false,
+                                     conn.deadline(), read_start);
+      } else {
+        auto [tls_ec, head_bytes] = co_await http::async_read_header(
+            conn, conn.read_buffer(), exchange->parser_->beast_parser(), as_tuple(use_awaitable));
+        read_ec = tls_ec;
+      }
+      // An interim head is complete as it stands, and the final one follows
+      // on the same connection, under the same deadline: relayed, or pooled
+      // with that still to come, it would reach another request.
+      if (read_ec || exchange->parser_->status() / 100 != 1) break;
+      if (exchange->parser_->status() == 101) {
+        // Switching protocols: nothing this client could read or relay.
+        exchange->failed_ = true;
+        co_return UpstreamError{Failure::bad_response, {}};
+      }
+      exchange->got_interim_ = true;
+      exchange->reset_parser();
     }
     if (read_ec) {
       exchange->failed_ = true;
       auto error = exchange->classify(read_ec, true);
       if (timing.reused && error.failure == Failure::no_response) {
-        exchange->connection_->close();
-        exchange->connection_.reset();
-        deps_.pool.note_discarded();
+        exchange->drop_dead_connection();
         continue;
       }
       co_return error;

@@ -50,7 +50,15 @@ bool Connection::peer_closed() {
   if (!was_non_blocking) socket.non_blocking(true, ec);
   if (ec) return false;
   char byte = 0;
-  socket.receive(boost::asio::buffer(&byte, 1), boost::asio::socket_base::message_peek, ec);
+  if (tls_) {
+    // A TLS 1.3 server sends session tickets after the handshake, so an idle
+    // connection has bytes waiting that are no data. Read through the TLS
+    // layer, OpenSSL takes them and the read finds the socket empty; only
+    // data, a close_notify, the end of the stream or a reset end it.
+    tls_->read_some(boost::asio::buffer(&byte, 1), ec);
+  } else {
+    socket.receive(boost::asio::buffer(&byte, 1), boost::asio::socket_base::message_peek, ec);
+  }
   if (!was_non_blocking) {
     error_code ignored;
     socket.non_blocking(false, ignored);

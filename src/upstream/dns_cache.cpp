@@ -7,6 +7,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 namespace sluice::upstream {
@@ -16,7 +17,8 @@ using net::ip::tcp;
 
 net::awaitable<Result<Endpoints, error_code>> DnsCache::resolve(const std::string& host,
                                                                 std::uint16_t port,
-                                                                TimePoint deadline) {
+                                                                TimePoint deadline,
+                                                                ResolveWait* wait) {
   error_code parse_error;
   auto address = net::ip::make_address(host, parse_error);
   if (!parse_error) co_return Endpoints{tcp::endpoint(address, port)};
@@ -29,9 +31,9 @@ net::awaitable<Result<Endpoints, error_code>> DnsCache::resolve(const std::strin
     if (it != entries_.end() && it->second.expires > now) co_return it->second.endpoints;
   }
 
-  // The lookup's answer wakes the request by cancelling the deadline timer;
-  // whichever comes first decides. A late answer finds the request gone and
-  // is dropped.
+  // The lookup's answer wakes the request by cancelling the deadline timer,
+  // as an interrupt does; whichever comes first decides. A late answer finds
+  // the request gone and is dropped.
   struct Pending {
     explicit Pending(const net::any_io_executor& executor, TimePoint deadline)
         : wake(executor, deadline) {}
@@ -45,13 +47,19 @@ net::awaitable<Result<Endpoints, error_code>> DnsCache::resolve(const std::strin
     pending->answer.emplace(ec, std::move(endpoints));
     pending->wake.cancel();
   });
+  error_code woken;
   if (!pending->answer) {
-    co_await pending->wake.async_wait(net::as_tuple(net::use_awaitable));
+    if (wait) wait->wake_ = &pending->wake;
+    std::tie(woken) = co_await pending->wake.async_wait(net::as_tuple(net::use_awaitable));
+    if (wait) wait->wake_ = nullptr;
   }
   if (!pending->answer) {
+    // Cancelled with no answer: interrupted, not out of time.
+    const error_code gone = woken == net::error::operation_aborted ? net::error::operation_aborted
+                                                                   : net::error::timed_out;
     // Marks the request as gone for the lookup's late answer.
-    pending->answer.emplace(net::error::timed_out, Endpoints{});
-    co_return error_code(net::error::timed_out);
+    pending->answer.emplace(gone, Endpoints{});
+    co_return gone;
   }
   auto [ec, endpoints] = std::move(*pending->answer);
   if (ec) co_return ec;

@@ -4,7 +4,8 @@
 // sockets share their context's queue, which takes the places that come up
 // together in one wake-up, and a context made where an ended one was gets a
 // queue of its own. read_http parses what is
-// buffered without reading and maps the end of the stream as Beast does.
+// buffered without reading, maps the end of the stream as Beast does, and
+// starts no read once its deadline has passed.
 #include "sluice/common/socket_deadline.hpp"
 
 #include <gtest/gtest.h>
@@ -403,6 +404,30 @@ TEST(ReadHttp, SilentPeerTimesOut) {
     ec = co_await read_http(pair.ours, buffer, parser, false, deadline);
   }());
   EXPECT_EQ(ec, beast::error::timeout);
+}
+
+// The deadline passes between two reads, while nothing is pending: its
+// cancellation finds no operation, and the next read must not start without
+// it. The peer's late bytes would otherwise end that read as a success.
+TEST(ReadHttp, DeadlinePassedWhileNoReadWasPendingEndsTheNextRead) {
+  SocketPair pair;
+  SocketDeadline deadline(pair.ours);
+  beast::flat_buffer buffer;
+  http::request_parser<http::string_body> parser;
+  error_code ec;
+  Clock::duration read_took{};
+  pair.run([&]() -> net::awaitable<void> {
+    deadline.expires_after(20ms);
+    net::steady_timer elsewhere(pair.context, 150ms);
+    co_await elsewhere.async_wait(net::use_awaitable);
+    pair.write_after(400ms, "GET / HTTP/1.1\r\n\r\n");
+    const auto read_started = Clock::now();
+    ec = co_await read_http(pair.ours, buffer, parser, false, deadline);
+    read_took = Clock::now() - read_started;
+  }());
+  EXPECT_TRUE(deadline.expired());
+  EXPECT_EQ(ec, beast::error::timeout) << ec.message();
+  EXPECT_LT(read_took, 300ms);
 }
 
 }  // namespace

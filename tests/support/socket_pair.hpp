@@ -17,6 +17,23 @@
 
 namespace sluice::testing {
 
+// Runs `task` on `context` to completion, or fails after `limit`.
+inline void run_to_end(boost::asio::io_context& context, boost::asio::awaitable<void> task,
+                       std::chrono::milliseconds limit = std::chrono::seconds(5)) {
+  bool done = false;
+  context.restart();
+  boost::asio::co_spawn(
+      context,
+      [&]() -> boost::asio::awaitable<void> {
+        co_await std::move(task);
+        done = true;
+        context.stop();  // timers still armed are not waited for
+      },
+      boost::asio::detached);
+  context.run_for(limit);
+  ASSERT_TRUE(done) << "did not finish within " << limit.count() << " ms";
+}
+
 // A connected pair of sockets on 127.0.0.1, on one io_context.
 struct SocketPair {
   boost::asio::io_context context;
@@ -46,17 +63,7 @@ struct SocketPair {
   // Runs `task` to completion, or fails after `limit`.
   void run(boost::asio::awaitable<void> task,
            std::chrono::milliseconds limit = std::chrono::seconds(5)) {
-    bool done = false;
-    boost::asio::co_spawn(
-        context,
-        [&]() -> boost::asio::awaitable<void> {
-          co_await std::move(task);
-          done = true;
-          context.stop();  // timers still armed are not waited for
-        },
-        boost::asio::detached);
-    context.run_for(limit);
-    ASSERT_TRUE(done) << "did not finish within " << limit.count() << " ms";
+    run_to_end(context, std::move(task), limit);
   }
 };
 

@@ -11,6 +11,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <optional>
 
+#include "support/scripted_dns.hpp"
+
 namespace sluice::testing {
 namespace {
 
@@ -19,36 +21,6 @@ using namespace std::chrono_literals;
 using upstream::Endpoints;
 
 const net::ip::tcp::endpoint kAnswer(net::ip::make_address("127.0.0.1"), 443);
-
-// Stands in for the system lookup: answers after `delay` (or never), on the
-// executor as the real one does.
-class ScriptedDns : public upstream::DnsCache {
- public:
-  explicit ScriptedDns(std::optional<std::chrono::milliseconds> delay)
-      : DnsCache(std::chrono::seconds(60)), delay_(delay) {}
-
-  int lookups = 0;
-  int late_answers = 0;
-
- protected:
-  void start_lookup(const net::any_io_executor& executor, const std::string& /*host*/,
-                    std::uint16_t /*port*/, TimePoint deadline, LookupDone done) override {
-    ++lookups;
-    if (!delay_) {
-      never_answered_.push_back(std::move(done));
-      return;
-    }
-    auto timer = std::make_shared<net::steady_timer>(executor, *delay_);
-    timer->async_wait([this, timer, deadline, done = std::move(done)](boost::system::error_code) {
-      if (Clock::now() > deadline) ++late_answers;
-      done({}, Endpoints{kAnswer});
-    });
-  }
-
- private:
-  std::optional<std::chrono::milliseconds> delay_;
-  std::vector<LookupDone> never_answered_;
-};
 
 struct Resolved {
   Result<Endpoints, error_code> result{error_code{}};
@@ -81,7 +53,7 @@ Resolved resolve(net::io_context& context, upstream::DnsCache& dns,
 
 TEST(DnsCache, ALookupThatNeverAnswersEndsAtTheDeadline) {
   net::io_context context;
-  ScriptedDns dns(std::nullopt);
+  ScriptedDns dns(std::nullopt, {kAnswer});
   auto resolved = resolve(context, dns, 150ms);
   ASSERT_FALSE(resolved.result);
   EXPECT_EQ(resolved.result.error(), net::error::timed_out);
@@ -91,7 +63,7 @@ TEST(DnsCache, ALookupThatNeverAnswersEndsAtTheDeadline) {
 
 TEST(DnsCache, ALateAnswerIsDroppedAndTheNextRequestLooksUpAgain) {
   net::io_context context;
-  ScriptedDns dns(300ms);
+  ScriptedDns dns(300ms, {kAnswer});
   auto resolved = resolve(context, dns, 100ms, /*linger=*/400ms);
   ASSERT_FALSE(resolved.result);
   EXPECT_EQ(resolved.result.error(), net::error::timed_out);
@@ -106,7 +78,7 @@ TEST(DnsCache, ALateAnswerIsDroppedAndTheNextRequestLooksUpAgain) {
 
 TEST(DnsCache, AnswersAreCachedAndLiteralsNeverLookedUp) {
   net::io_context context;
-  ScriptedDns dns(10ms);
+  ScriptedDns dns(10ms, {kAnswer});
   ASSERT_TRUE(resolve(context, dns, 1s).result);
   auto cached = resolve(context, dns, 1s);
   ASSERT_TRUE(cached.result);

@@ -1,5 +1,5 @@
 // HTTPS upstreams: certificate verification on by default, SNI, and the
-// explicit opt-out.
+// explicit opt-out; warm connections kept across sweeps.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -54,6 +54,39 @@ TEST_F(TlsUpstream, TrustedCertificateServesStreams) {
   // TLS connections are pooled like plain ones: every request used the warm
   // connection of its worker.
   EXPECT_EQ(upstream_->stats().connections_accepted, 2u);
+}
+
+// A TLS 1.3 server sends session tickets once the handshake is done: records
+// that wait unread on an idle connection and carry no data. The sweep for
+// connections the upstream closed must not take them for a close, or every
+// sweep closes the warm connections and opens them again.
+TEST_F(TlsUpstream, WarmConnectionsOutliveSweepsThatFindSessionTickets) {
+  TestGateway gateway("server:\n  listen: 127.0.0.1:0\n  threads: 2\n" +
+                      config("localhost", "        warm_connections: 2\n        ca_file: " +
+                                              ca_file_->path() + "\n"));
+  ASSERT_TRUE(eventually([&] { return gateway.idle_upstream_connections() == 4; }));
+  // The tickets follow the handshake.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (int sweep = 0; sweep < 5; ++sweep) {
+    gateway.on_each_worker([](server::Worker& worker) {
+      worker.pool().close_expired(Clock::now());
+      worker.keep_warm();
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(upstream_->stats().connections_accepted, 4u);
+  EXPECT_EQ(gateway.idle_upstream_connections(), 4);
+}
+
+TEST_F(TlsUpstream, AWarmConnectionTheUpstreamClosedIsFoundClosed) {
+  TestGateway gateway(config("localhost", "        ca_file: " + ca_file_->path() + "\n"));
+  ASSERT_TRUE(eventually([&] { return gateway.idle_upstream_connections() == 2; }));
+  upstream_->stop();
+  EXPECT_TRUE(eventually([&] {
+    gateway.on_each_worker(
+        [](server::Worker& worker) { worker.pool().close_expired(Clock::now()); });
+    return gateway.idle_upstream_connections() == 0;
+  }));
 }
 
 TEST_F(TlsUpstream, IpAddressIsVerifiedAgainstSubjectAltName) {

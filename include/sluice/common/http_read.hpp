@@ -5,6 +5,7 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/error.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/read_size.hpp>
 #include <boost/beast/http/error.hpp>
@@ -104,7 +105,8 @@ std::optional<error_code> parse_buffered(boost::beast::flat_buffer& buffer, Pars
 
 // Reads until the parser has the head, or with `whole` the whole message.
 // `first_read` says how the first read from the socket starts
-// (drain_aware_read.hpp); later ones always try at once.
+// (drain_aware_read.hpp); later ones always try at once. With `deadline`
+// expired already, what is buffered is still parsed, but nothing is read.
 template <class Parser>
 boost::asio::awaitable<error_code> read_http(boost::asio::ip::tcp::socket& socket,
                                              boost::beast::flat_buffer& buffer, Parser& parser,
@@ -112,6 +114,9 @@ boost::asio::awaitable<error_code> read_http(boost::asio::ip::tcp::socket& socke
                                              ReadStart first_read = ReadStart::try_at_once) {
   for (;;) {
     if (auto settled = parse_buffered(buffer, parser, whole)) co_return *settled;
+    // A deadline that passed while nothing was pending cancelled nothing: a
+    // read started now would wait with no deadline at all.
+    if (deadline.expired()) co_return boost::beast::error::timeout;
     // The socket's reads are awaited here, not through a coroutine of its
     // own: that would be one frame more per read.
     // A parser that keeps the body in a place of its own has the rest of

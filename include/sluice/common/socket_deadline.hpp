@@ -23,7 +23,9 @@ class DeadlineQueue;
 // connection that ends) is an unlink. A deadline moved later keeps its place
 // and is requeued only when that place comes up. When the deadline passes,
 // the socket's pending operations are cancelled: they complete with
-// operation_aborted, and expired() says it was the deadline.
+// operation_aborted, and expired() says it was the deadline. One started
+// after that has nothing to cancel it: whoever starts it checks expired()
+// first (read_http does).
 //
 // Used on the thread that runs the socket's io_context, as the socket is.
 class SocketDeadline {

@@ -81,8 +81,8 @@ struct Timing {
 };
 
 // Lets another coroutine on the same thread stop the exchange that is running
-// (the client went away, a hedge won): the socket is closed, so whatever the
-// exchange awaits completes at once.
+// (the client went away, a hedge won): the socket is closed, or the wait for
+// a lookup ended, so whatever the exchange awaits completes at once.
 class AbortHandle {
  public:
   void abort();
@@ -104,7 +104,10 @@ class AbortHandle {
   friend class Client;
   friend class Exchange;
 
+  // Null whenever the exchange holds no open connection, so that an abort
+  // never reaches one that is gone.
   Connection* connection_ = nullptr;
+  ResolveWait resolving_;
   bool aborted_ = false;
   void (*sent_hook_)(void*) = nullptr;
   void* sent_argument_ = nullptr;
@@ -190,6 +193,9 @@ class Exchange {
   // A plain socket read's outcome, settled into the read buffer.
   error_code settle_plain_body_read(error_code ec, std::size_t bytes);
   void reset_parser();
+  // Closes a pooled connection that turned out dead before the response,
+  // for a fresh one to take its place.
+  void drop_dead_connection();
 
   Pool& pool_;
   Limits limits_;
@@ -199,6 +205,9 @@ class Exchange {
   Timing timing_;
   TimePoint finished_at_{};
   bool failed_ = false;
+  // An interim head (1xx) came on this round: the upstream has the request,
+  // and a close now is no sign of a connection that was dead already.
+  bool got_interim_ = false;
 };
 
 struct ClientDeps {
@@ -213,7 +222,9 @@ class Client {
  public:
   explicit Client(ClientDeps deps) : deps_(deps) {}
 
-  // Sends the request and waits for the response head. A pooled connection
+  // Sends the request and waits for the final response head: interim heads
+  // (103 Early Hints, 100 Continue) are read and dropped within the
+  // first-byte deadline, and a 101 is a bad_response. A pooled connection
   // that turns out dead before any response byte is replaced by a fresh one
   // once.
   boost::asio::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> start(

@@ -74,7 +74,8 @@ class Connection {
   bool is_open();
   // For an idle connection: whether the peer has closed it (or sent
   // anything, which an HTTP/1.1 server only does on its way out). Does not
-  // block.
+  // block. TLS records that carry no data (session tickets) are read and
+  // taken by the TLS layer on the way.
   bool peer_closed();
 
   TimePoint idle_since{};
