@@ -479,6 +479,8 @@ void Plan::abandon(const Attempt& attempt) {
   if (attempt.probe) attempt.state->release_probe();
 }
 
+void Plan::left_by_client(const Attempt& attempt) { attempt.state->release(); }
+
 bool Plan::can_retry() const {
   return !ended_ && attempts_made_ < router_->config().router.retries + 1;
 }

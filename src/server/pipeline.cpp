@@ -573,9 +573,18 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ProxyInputs& in
   watch.unwatch(&winner.abort_handle);
   const auto finished_at = Clock::now();
   exchange.note_finished(finished_at);
-  plan.finish(winner.attempt, outcome.complete,
-              std::chrono::duration_cast<router::Micros>(finished_at - winner.limits.started),
-              finished_at);
+  // A client that left, or stopped reading, cut the response short: that
+  // is no outcome of the deployment. An upstream that broke is, even if the
+  // client then missed the error event.
+  const bool upstream_broke =
+      outcome.upstream_error && outcome.upstream_error->failure != upstream::Failure::aborted;
+  if (!outcome.complete && !upstream_broke && (outcome.client_failed || watch.client_gone())) {
+    plan.left_by_client(winner.attempt);
+  } else {
+    plan.finish(winner.attempt, outcome.complete,
+                std::chrono::duration_cast<router::Micros>(finished_at - winner.limits.started),
+                finished_at);
+  }
   if (outcome.nothing_sent && outcome.upstream_error && !watch.client_gone()) {
     co_return co_await respond_broken_upstream(context, deployment, *outcome.upstream_error);
   }

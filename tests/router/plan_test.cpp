@@ -351,6 +351,27 @@ TEST(Plan, MidstreamFailureCountsTowardCooldown) {
   EXPECT_EQ(router.state("a")->in_flight(), 0);
 }
 
+TEST(Plan, ResponseCutByTheClientIsNoFailureOfTheDeployment) {
+  auto policy = with_retries(1);
+  policy.cooldown.fails = 1;
+  auto cfg = make_config({model("m", config::Strategy::priority, {"a"})}, policy);
+  Router router(cfg);
+  auto& state = *router.state("a");
+  for (int i = 0; i < 3; ++i) {
+    Plan plan = router.plan(cfg->models[0], false, 1);
+    auto attempt = plan.next(kBase);
+    plan.report(*attempt, success(10ms), kBase);
+    plan.left_by_client(*attempt);
+  }
+  EXPECT_EQ(state.in_flight(), 0);
+  EXPECT_EQ(state.failures_total(), 0u);
+  EXPECT_EQ(state.recent_error_rate(kBase), 0.0);
+  EXPECT_FALSE(state.cooling_down(kBase));
+  EXPECT_EQ(state.ttft.summary(kBase, 60s).samples, 3u);
+  // A cut response's duration is no latency anyone would get.
+  EXPECT_EQ(state.total.summary(kBase, 60s).samples, 0u);
+}
+
 TEST(Plan, FullDeploymentIsPassedOver) {
   auto cfg = make_config({model("m", config::Strategy::priority, {"a", "b"})}, with_retries(1));
   cfg->models[0].deployments[0].max_parallel = 1;

@@ -80,6 +80,10 @@ class Plan {
   void finish(const Attempt& attempt, bool ok, Micros total, TimePoint now);
   // An attempt given up without a result (lost a hedge race, client gone).
   void abandon(const Attempt& attempt);
+  // A successful attempt's response was cut short by its client (gone, or
+  // too slow to read): says nothing of the deployment, so no failure and no
+  // total time; its TTFT, from report(), stands.
+  void left_by_client(const Attempt& attempt);
 
   // Whether next() could still return an attempt after a retriable failure.
   bool can_retry() const;
