@@ -479,6 +479,11 @@ void Plan::abandon(const Attempt& attempt) {
   if (attempt.probe) attempt.state->release_probe();
 }
 
+void Plan::lost_race(const Attempt& attempt, Micros waited, TimePoint now) {
+  if (!attempt.hedge) attempt.state->ttft.add(waited, now);
+  abandon(attempt);
+}
+
 void Plan::left_by_client(const Attempt& attempt) { attempt.state->release(); }
 
 bool Plan::can_retry() const {

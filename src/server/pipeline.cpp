@@ -175,6 +175,7 @@ struct AttemptTask {
   upstream::AbortHandle abort_handle;
   std::optional<StartResult> result;
   bool running = false;
+  TimePoint stopped{};  // when the other attempt's answer stopped this one
 
   bool has_usable_head() const { return result && result->ok() && result->value()->status() < 400; }
 };
@@ -354,7 +355,10 @@ AttemptTask* finished_with_usable_head(const Race& tasks) {
 
 void stop_losers(Race& tasks, const AttemptTask* winner) {
   for (auto& task : tasks) {
-    if (task && task.get() != winner && task->running) task->abort_handle.abort();
+    if (task && task.get() != winner && task->running) {
+      task->stopped = Clock::now();
+      task->abort_handle.abort();
+    }
   }
 }
 
@@ -480,7 +484,14 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
       if (!task || task.get() == winner) continue;
       bool lost_race = winner && task->abort_handle.aborted();
       bool superseded = winner && task->result && task->result->ok() && task->has_usable_head();
-      if (lost_race || superseded) {
+      if (lost_race) {
+        plan.lost_race(
+            task->attempt,
+            std::chrono::duration_cast<router::Micros>(task->stopped - task->limits.started),
+            task->stopped);
+        continue;
+      }
+      if (superseded) {
         plan.abandon(task->attempt);
         continue;
       }

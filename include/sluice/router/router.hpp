@@ -78,8 +78,16 @@ class Plan {
   // A successful attempt's response has ended: `ok` false for a mid-stream
   // failure. `total` feeds the non-streaming window when !stream.
   void finish(const Attempt& attempt, bool ok, Micros total, TimePoint now);
-  // An attempt given up without a result (lost a hedge race, client gone).
+  // An attempt given up without a result (client gone, or both racers
+  // answered at once).
   void abandon(const Attempt& attempt);
+  // An attempt stopped because the other one of its race answered first,
+  // `waited` after it began. A primary that lost to its hedge is the slow
+  // tail the hedge was for, so its wait feeds the TTFT window as a lower
+  // bound of its time (not as a failure); without it, the window's P95
+  // would sink with every hedge won and fire hedges ever sooner. A losing
+  // hedge began late, so its wait says nothing of its deployment.
+  void lost_race(const Attempt& attempt, Micros waited, TimePoint now);
   // A successful attempt's response was cut short by its client (gone, or
   // too slow to read): says nothing of the deployment, so no failure and no
   // total time; its TTFT, from report(), stands.
