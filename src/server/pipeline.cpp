@@ -976,9 +976,12 @@ Screening screen_request(RequestContext& context, ProxyJob& job) {
     }
   }
   const auto text_bytes = inspected->form_data ? inspected->form_text_bytes : body.size();
+  // Only a request that goes on reserves tokens: one refused below (an
+  // unknown model, no rule that matches) spends nothing upstream.
+  const bool goes_on = context.model && (!job.shaped || job.shaped->target);
   job.admission = auth.admit({presented_key.value_or(""), model_name,
-                              auth::estimate_tokens(text_bytes, max_tokens), context.body_read,
-                              &context.key_memo});
+                              goes_on ? auth::estimate_tokens(text_bytes, max_tokens) : 0,
+                              context.body_read, &context.key_memo});
   job.admission.append_headers(context.response_fields);
   // Refused requests are logged with the key and model too: a 429 is worth
   // little to an operator without knowing whose.
@@ -1105,6 +1108,15 @@ net::awaitable<std::optional<bool>> admit_request(RequestContext& context, Proxy
   co_return std::nullopt;
 }
 
+// What a proxied request spent upstream, to settle its reservation with.
+// Without an answer, every attempt failed before its first byte: nothing,
+// unless the client left while they ran. With one, what the upstream
+// reported (nullopt, when it reported nothing, keeps the estimate).
+std::optional<std::uint64_t> tokens_spent(const RequestContext& context) {
+  if (context.answered == nullptr && !context.watch.client_gone()) return 0;
+  return context.usage_tokens;
+}
+
 // Screens the request. One that only needs forwarding (the usual case) is
 // prepared for it here, in plain code, and null is returned; otherwise the
 // screening, for admit_request, on the heap: it is rare, and large for the
@@ -1140,7 +1152,7 @@ net::awaitable<bool> Pipeline::handle(RequestContext& context) {
     keep = co_await proxy(context, job.inputs, watch);
     // Settled as soon as the response has ended: the client may already be
     // sending its next request.
-    context.snapshot->auth->complete(job.admission, context.usage_tokens,
+    context.snapshot->auth->complete(job.admission, tokens_spent(context),
                                      settle_answered_at(context));
     watch.stop();
     context.client_gone = watch.client_gone();
