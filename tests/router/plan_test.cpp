@@ -59,6 +59,13 @@ config::Router with_retries(unsigned retries) {
   return policy;
 }
 
+config::Router hedging(config::Hedge::Mode mode, Millis after = 0ms) {
+  auto policy = with_retries(2);
+  policy.hedge.mode = mode;
+  policy.hedge.after = after;
+  return policy;
+}
+
 // Runs a plan in which every attempt fails the same way; returns the
 // deployment ids in the order they were tried.
 std::vector<std::string> fail_everything(Plan& plan, const AttemptResult& result) {
@@ -373,6 +380,49 @@ TEST(Plan, ResponseCutByTheClientIsNoFailureOfTheDeployment) {
   EXPECT_EQ(state.total.summary(kBase, 60s).samples, 0u);
 }
 
+TEST(Plan, DestroyedPlanGivesBackWhatItsAttemptsHold) {
+  auto policy = hedging(config::Hedge::Mode::fixed, 100ms);
+  policy.cooldown.fails = 1;
+  policy.cooldown.duration = 1s;
+  auto cfg = make_config({model("m", config::Strategy::priority, {"a", "b"})}, policy);
+  Router router(cfg);
+  auto& a = *router.state("a");
+  auto& b = *router.state("b");
+  {
+    // A failure cools `a` down; once that ran out, the next attempt on it
+    // is its probe.
+    Plan plan = router.plan(cfg->models[0], true, 1);
+    plan.report(*plan.next(kBase), retriable(), kBase);
+  }
+  {
+    Plan plan = router.plan(cfg->models[0], true, 2);
+    auto probe = plan.next(kBase + 2s);
+    ASSERT_EQ(probe->deployment->id, "a");
+    ASSERT_TRUE(probe->probe);
+    auto hedge = plan.next_hedge(kBase + 2s);
+    ASSERT_TRUE(hedge);
+    EXPECT_EQ(a.in_flight(), 1);
+    EXPECT_EQ(b.in_flight(), 1);
+    EXPECT_FALSE(a.probe_available(kBase + 2s));
+    // Unwound without a report, as by an exception.
+  }
+  EXPECT_EQ(a.in_flight(), 0);
+  EXPECT_EQ(b.in_flight(), 0);
+  EXPECT_TRUE(a.probe_available(kBase + 2s));
+
+  // What was reported is not given back twice.
+  {
+    Plan plan = router.plan(cfg->models[0], true, 3);
+    auto probe = plan.next(kBase + 3s);
+    ASSERT_TRUE(probe->probe);
+    plan.report(*probe, success(10ms), kBase + 3s);
+    plan.finish(*probe, true, 1s, kBase + 4s);
+  }
+  EXPECT_EQ(a.in_flight(), 0);
+  EXPECT_FALSE(a.cooling_down(kBase + 4s));
+  EXPECT_FALSE(a.awaiting_probe(kBase + 4s));
+}
+
 TEST(Plan, FullDeploymentIsPassedOver) {
   auto cfg = make_config({model("m", config::Strategy::priority, {"a", "b"})}, with_retries(1));
   cfg->models[0].deployments[0].max_parallel = 1;
@@ -497,13 +547,6 @@ TEST(Plan, AllCoolingStillGetsOneAttemptOnTheSoonest) {
 
 // ---------------------------------------------------------------------------
 // hedging
-
-config::Router hedging(config::Hedge::Mode mode, Millis after = 0ms) {
-  auto policy = with_retries(2);
-  policy.hedge.mode = mode;
-  policy.hedge.after = after;
-  return policy;
-}
 
 TEST(PlanHedge, HedgeGoesToAnotherDeploymentOnlyOnce) {
   auto cfg = make_config({model("m", config::Strategy::latency, {"a", "b", "c"})},

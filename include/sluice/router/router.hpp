@@ -65,6 +65,14 @@ class Router;
 // updates is thread-safe.
 class Plan {
  public:
+  // Gives back the slots (and probes) of attempts that never got their
+  // report(), finish(), abandon(), lost_race() or left_by_client(): an
+  // exception unwinding the request must not leave a deployment looking
+  // busier than it is.
+  ~Plan();
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+
   // The next attempt, or nullopt when the attempts are spent (retries + 1 in
   // all) or a result ended the request. Takes an in-flight slot on the
   // deployment it returns; report() or finish() gives it back.
@@ -116,6 +124,9 @@ class Plan {
   Millis backoff_wait(unsigned previous_attempts_on_deployment);
   unsigned& attempts_on(const config::Deployment* deployment);
   void resolve_groups(const std::vector<std::string>& names);
+  // The slot of `state` is given back: it no longer needs the destructor.
+  void forget_slot(const DeploymentState* state);
+  void forget_probe(const DeploymentState* state);
 
   const Router* router_;
   const config::Model* requested_;
@@ -135,6 +146,13 @@ class Plan {
   bool hedged_ = false;
   bool ended_ = false;
   bool switched_to_context_fallbacks_ = false;
+  // The slots this plan's attempts hold now: a primary and its hedge at
+  // most, in the gateway.
+  struct HeldSlot {
+    DeploymentState* state;
+    bool probe;  // a probe claim not settled yet
+  };
+  boost::container::small_vector<HeldSlot, 2> held_;
 };
 
 // Holds the live state of every deployment in a config snapshot. Built per
