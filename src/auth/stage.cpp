@@ -236,7 +236,13 @@ Admission AuthStage::admit(const AuthRequest& request) const {
   }
 
   if (request.estimated_tokens > 0) {
-    Decision tokens = limits.tokens.reserve(request.estimated_tokens, now);
+    // The estimate rests on the client's max_tokens: uncapped, one request
+    // could put the key in debt for a year. A minute's budget is the most
+    // one request can be known to need before its usage settles it.
+    const std::uint64_t estimate = configured.tpm > 0
+                                       ? std::min(request.estimated_tokens, configured.tpm)
+                                       : request.estimated_tokens;
+    Decision tokens = limits.tokens.reserve(estimate, now);
     if (!tokens.allowed) {
       limits.requests.refund();
       limits.parallel.release();
@@ -248,7 +254,7 @@ Admission AuthStage::admit(const AuthRequest& request) const {
       return admission;
     }
     admission.headers.tokens = budget(configured.tpm, tokens.remaining, tokens.reset_after);
-    admission.reserved_tokens_ = request.estimated_tokens;
+    admission.reserved_tokens_ = estimate;
   } else {
     admission.headers.tokens =
         budget(configured.tpm, limits.tokens.remaining(now), limits.tokens.reset_after(now));

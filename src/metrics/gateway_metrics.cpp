@@ -71,6 +71,11 @@ GatewayMetrics::GatewayMetrics(Registry& registry, GatewayMetricsSources sources
                            .counter("sluice_client_disconnects_total",
                                     "Requests whose client went away before the response ended.")
                            .with({});
+  internal_errors = registry
+                        .counter("sluice_internal_errors_total",
+                                 "Exceptions that escaped the code serving a connection or an "
+                                 "upstream attempt; each ended its connection. A bug if not 0.")
+                        .with({});
 
   // Read once per scrape, so idle and active come from the same moment.
   registry.gauge_collector(

@@ -258,6 +258,28 @@ Plan::Plan(const Router& router, const config::Model& model, bool stream, std::u
   resolve_groups(model.fallbacks);
 }
 
+Plan::~Plan() {
+  for (const auto& held : held_) {
+    held.state->release();
+    if (held.probe) held.state->release_probe();
+  }
+}
+
+void Plan::forget_slot(const DeploymentState* state) {
+  for (auto it = held_.begin(); it != held_.end(); ++it) {
+    if (it->state == state) {
+      held_.erase(it);
+      return;
+    }
+  }
+}
+
+void Plan::forget_probe(const DeploymentState* state) {
+  for (auto& held : held_) {
+    if (held.state == state) held.probe = false;
+  }
+}
+
 void Plan::resolve_groups(const std::vector<std::string>& names) {
   for (const auto& name : names) {
     const config::Model* group = router_->config().find_model(name);
@@ -384,6 +406,7 @@ std::optional<Attempt> Plan::next(TimePoint now) {
       ++on_deployment;
       ++attempts_made_;
       tried_in_group_.push_back(taken->deployment);
+      held_.push_back({taken->state, taken->probe});
       return attempt;
     }
 
@@ -407,6 +430,7 @@ std::optional<Attempt> Plan::next_hedge(TimePoint now) {
   hedged_ = true;
   ++attempts_on(taken->deployment);
   tried_in_group_.push_back(taken->deployment);
+  held_.push_back({taken->state, taken->probe});
 
   Attempt attempt;
   attempt.model = &group;
@@ -422,12 +446,16 @@ void Plan::report(const Attempt& attempt, const AttemptResult& result, TimePoint
   DeploymentState& state = *attempt.state;
   switch (result.kind) {
     case ResultKind::success:
+      // Settles a probe: the success ends the cooldown it was let through.
       state.record_success(now);
+      forget_probe(&state);
       if (result.ttft) state.ttft.add(*result.ttft, now);
       ended_ = true;
       return;
 
     case ResultKind::retriable:
+      // A failed probe restarts the cooldown, which settles it.
+      forget_slot(&state);
       state.release();
       state.record_failure(router_->config().router.cooldown, now);
       last_failed_ = attempt.deployment;
@@ -436,6 +464,7 @@ void Plan::report(const Attempt& attempt, const AttemptResult& result, TimePoint
       return;
 
     case ResultKind::client_error:
+      forget_slot(&state);
       state.release();
       // The upstream answered, but a rejected request says nothing about
       // whether it is healthy; let another request probe it.
@@ -444,6 +473,7 @@ void Plan::report(const Attempt& attempt, const AttemptResult& result, TimePoint
       return;
 
     case ResultKind::context_window_exceeded:
+      forget_slot(&state);
       state.release();
       if (attempt.probe) state.release_probe();
       if (!switched_to_context_fallbacks_ && !requested_->context_window_fallbacks.empty()) {
@@ -465,6 +495,7 @@ void Plan::report(const Attempt& attempt, const AttemptResult& result, TimePoint
 
 void Plan::finish(const Attempt& attempt, bool ok, Micros total, TimePoint now) {
   DeploymentState& state = *attempt.state;
+  forget_slot(&state);
   state.release();
   if (ok) {
     // A broken-off response's duration is not a latency anyone would get.
@@ -475,8 +506,19 @@ void Plan::finish(const Attempt& attempt, bool ok, Micros total, TimePoint now) 
 }
 
 void Plan::abandon(const Attempt& attempt) {
+  forget_slot(attempt.state);
   attempt.state->release();
   if (attempt.probe) attempt.state->release_probe();
+}
+
+void Plan::lost_race(const Attempt& attempt, Micros waited, TimePoint now) {
+  if (!attempt.hedge) attempt.state->ttft.add(waited, now);
+  abandon(attempt);
+}
+
+void Plan::left_by_client(const Attempt& attempt) {
+  forget_slot(attempt.state);
+  attempt.state->release();
 }
 
 bool Plan::can_retry() const {

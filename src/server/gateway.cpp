@@ -21,6 +21,7 @@
 #include "sluice/common/json_scan.hpp"
 #include "sluice/common/relay_socket.hpp"
 #include "sluice/server/admin.hpp"
+#include "sluice/server/internal_errors.hpp"
 #include "sluice/server/model_list.hpp"
 #include "sluice/server/session.hpp"
 
@@ -146,17 +147,23 @@ void Worker::keep_warm() {
     auto target = std::min<std::size_t>(entry.count, pool_.options().max_idle_per_origin);
     for (auto have = pool_.idle_count(key) + warming_[key]; have < target; ++have) {
       ++warming_[key];
-      net::co_spawn(context_, warm_one(key, entry.origin, entry.connect_timeout), net::detached);
+      net::co_spawn(context_, warm_one(key, entry.origin, entry.connect_timeout),
+                    InternalErrorBarrier(*this, "warming an upstream connection"));
     }
   }
 }
 
 net::awaitable<void> Worker::warm_one(std::string origin_key, upstream::Origin origin,
                                       std::chrono::milliseconds connect_timeout) {
+  // Counted by keep_warm(), given back however this ends: a count left
+  // raised would keep the origin from being warmed again.
+  struct Warming {
+    unsigned& count;
+    ~Warming() { --count; }
+  } warming{warming_[origin_key]};
   upstream::Limits limits;
   limits.connect = connect_timeout;
   auto error = co_await client_.warm(origin, limits);
-  --warming_[origin_key];
   if (error) spdlog::debug("warming a connection to {} failed: {}", origin_key, error->describe());
 }
 
@@ -289,9 +296,11 @@ void take_connection(Gateway& gateway, Worker& worker, AcceptedDescriptor accept
     return;
   }
   if (refused) {
-    net::co_spawn(worker.context(), refuse_connection(std::move(*socket)), net::detached);
+    net::co_spawn(worker.context(), refuse_connection(std::move(*socket)),
+                  InternalErrorBarrier(worker, "refusing a connection"));
   } else {
-    net::co_spawn(worker.context(), serve_connection(worker, std::move(*socket)), net::detached);
+    net::co_spawn(worker.context(), serve_connection(worker, std::move(*socket)),
+                  InternalErrorBarrier(worker, "a client connection"));
   }
 }
 
@@ -400,7 +409,8 @@ void Gateway::start() {
   bound_port_ = acceptor_->local_endpoint().port();
   bound_host_ = acceptor_->local_endpoint().address().to_string();
 
-  net::co_spawn(accept_context, accept_connections(*this, *workers_[0], *acceptor_), net::detached);
+  net::co_spawn(accept_context, accept_connections(*this, *workers_[0], *acceptor_),
+                InternalErrorBarrier(*workers_[0], "accepting connections"));
 
   if (config->server.admin_enabled) {
     tcp::endpoint admin_endpoint(net::ip::make_address(config->server.admin_host),
@@ -416,7 +426,8 @@ void Gateway::start() {
     admin_thread_ = std::thread([context = admin_context_.get()] { context->run(); });
   }
   for (auto& worker : workers_) {
-    net::co_spawn(worker->context(), sweep_idle_connections(*worker), net::detached);
+    net::co_spawn(worker->context(), sweep_idle_connections(*worker),
+                  InternalErrorBarrier(*worker, "closing expired upstream connections"));
     worker->thread_ = std::thread([&worker = *worker, busy_poll = config->server.busy_poll] {
       run_event_loop(worker.context_, busy_poll, worker.loop_counters_);
     });

@@ -19,6 +19,7 @@
 #include "sluice/metrics/budgets.hpp"
 #include "sluice/metrics/server_timing.hpp"
 #include "sluice/server/cache_step.hpp"
+#include "sluice/server/internal_errors.hpp"
 #include "sluice/server/model_list.hpp"
 #include "sluice/shaping/shaping.hpp"
 #include "sluice/stream/client_watch.hpp"
@@ -178,13 +179,51 @@ struct AttemptTask {
   // The client's fields without those the deployment sets itself, when the
   // client sent any of them.
   std::string client_fields;
+  TimePoint stopped{};  // when the other attempt's answer stopped this one
+  // Thrown in the attempt's own coroutine: the request rethrows it.
+  std::exception_ptr escaped;
+  // The race was unwound while the attempt ran: the attempt's coroutine
+  // owns the task from then, and keeps the origin's snapshot alive.
+  bool orphaned = false;
+  std::shared_ptr<const Snapshot> orphan_snapshot;
 
   bool has_usable_head() const { return result && result->ok() && result->value()->status() < 400; }
 };
 
-net::awaitable<void> run_attempt(upstream::Client& client, const upstream::Origin& origin,
-                                 AttemptTask& task, net::steady_timer& wakeup) {
-  task.result.emplace(co_await client.start(origin, task.request, task.limits, task.abort_handle));
+// Ends an attempt's coroutine however its frame goes: an orphaned task is
+// deleted here, and a frame destroyed unfinished (the event loop shut down
+// first) leaves nothing running for the race to wait for.
+class AttemptCoroutineEnd {
+ public:
+  AttemptCoroutineEnd(Worker& worker, AttemptTask& task) : worker_(worker), task_(task) {}
+  ~AttemptCoroutineEnd() {
+    if (!task_.orphaned) {
+      task_.running = false;
+      return;
+    }
+    // The request it was for is gone, so nobody else will report it.
+    if (task_.escaped) report_internal_error(worker_, "an upstream attempt", task_.escaped);
+    delete &task_;
+  }
+  AttemptCoroutineEnd(const AttemptCoroutineEnd&) = delete;
+  AttemptCoroutineEnd& operator=(const AttemptCoroutineEnd&) = delete;
+
+ private:
+  Worker& worker_;
+  AttemptTask& task_;
+};
+
+net::awaitable<void> run_attempt(Worker& worker, const upstream::Origin& origin, AttemptTask& task,
+                                 net::steady_timer& wakeup) {
+  const AttemptCoroutineEnd end(worker, task);
+  try {
+    if (task.attempt.hedge) inject_fault(FaultPoint::hedge_attempt);
+    task.result.emplace(
+        co_await worker.client().start(origin, task.request, task.limits, task.abort_handle));
+  } catch (...) {
+    task.escaped = std::current_exception();
+  }
+  if (task.orphaned) co_return;
   task.running = false;
   wakeup.cancel();
 }
@@ -228,9 +267,11 @@ void launch(RequestContext& context, const ProxyInputs& inputs, AttemptTask& tas
   task.running = true;
   watch.watch(&task.abort_handle);
   // The snapshot the request holds keeps the origin alive for the attempt.
+  // What the attempt throws goes to the request that raced it (run_attempt);
+  // the barrier stands for anything else.
   net::co_spawn(context.client.get_executor(),
-                run_attempt(context.worker.client(), task.wiring->origin, task, wakeup),
-                net::detached);
+                run_attempt(context.worker, task.wiring->origin, task, wakeup),
+                InternalErrorBarrier(context.worker, "an upstream attempt"));
 }
 
 metrics::AttemptRecord attempt_record(const config::Deployment& deployment,
@@ -261,6 +302,7 @@ struct FailedAttempt {
 // would take a second slot in the caller's frame.)
 net::awaitable<void> settle_failure(RequestContext& context, router::Plan& plan, AttemptTask& task,
                                     FailedAttempt& failed) {
+  inject_fault(FaultPoint::attempt_failed);
   failed = {};
   const auto& deployment = *task.attempt.deployment;
   context.deployment_id = deployment.id;
@@ -345,6 +387,7 @@ void launch_hedge(RequestContext& context, const ProxyInputs& inputs, router::Pl
   const auto now = Clock::now();
   auto hedge = plan.next_hedge(now);
   if (!hedge) return;
+  inject_fault(FaultPoint::hedge_launched);
   ++context.attempts;
   slot = std::make_unique<AttemptTask>();
   launch(context, inputs, *slot, *hedge, now, watch, wakeup);
@@ -354,7 +397,36 @@ void launch_hedge(RequestContext& context, const ProxyInputs& inputs, router::Pl
 // slot is filled when its attempt is launched. The helpers below keep their
 // loops out of pick_upstream's frame, where every local of a coroutine takes
 // a slot of its own.
-using Race = std::array<std::unique_ptr<AttemptTask>, 2>;
+class Race {
+ public:
+  explicit Race(RequestContext& context) : context_(context) {}
+  // A race is over before it ends, unless an exception unwinds it: then an
+  // attempt still running is stopped and left to its coroutine, which
+  // still uses it.
+  ~Race() {
+    for (auto& task : tasks_) {
+      if (!task || !task->running) continue;
+      context_.watch.unwatch(&task->abort_handle);
+      task->abort_handle.abort();
+      task->orphan_snapshot = context_.snapshot;
+      task->orphaned = true;
+      static_cast<void>(task.release());
+    }
+  }
+  Race(const Race&) = delete;
+  Race& operator=(const Race&) = delete;
+
+  std::unique_ptr<AttemptTask>& operator[](std::size_t i) { return tasks_[i]; }
+  auto begin() { return tasks_.begin(); }
+  auto end() { return tasks_.end(); }
+  auto begin() const { return tasks_.begin(); }
+  auto end() const { return tasks_.end(); }
+  static constexpr std::size_t size() { return 2; }
+
+ private:
+  std::array<std::unique_ptr<AttemptTask>, 2> tasks_;
+  RequestContext& context_;
+};
 
 bool any_running(const Race& tasks) {
   return std::any_of(tasks.begin(), tasks.end(),
@@ -368,9 +440,20 @@ AttemptTask* finished_with_usable_head(const Race& tasks) {
   return nullptr;
 }
 
+// What an attempt's coroutine threw, if one did.
+std::exception_ptr escaped(const Race& tasks) {
+  for (const auto& task : tasks) {
+    if (task && task->escaped) return task->escaped;
+  }
+  return nullptr;
+}
+
 void stop_losers(Race& tasks, const AttemptTask* winner) {
   for (auto& task : tasks) {
-    if (task && task.get() != winner && task->running) task->abort_handle.abort();
+    if (task && task.get() != winner && task->running) {
+      task->stopped = Clock::now();
+      task->abort_handle.abort();
+    }
   }
 }
 
@@ -440,7 +523,7 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
       now = Clock::now();
     }
 
-    Race tasks;
+    Race tasks(context);
     tasks[0] = std::make_unique<AttemptTask>();
     AttemptTask* winner = nullptr;
     std::optional<TimePoint> hedge_at;
@@ -459,7 +542,7 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
     }
     while (!winner) {
       winner = finished_with_usable_head(tasks);
-      if (winner || !any_running(tasks)) break;
+      if (winner || !any_running(tasks) || escaped(tasks)) break;
       auto& timer = wakeup();
       timer.expires_at(hedge_at ? *hedge_at : TimePoint::max());
       co_await timer.async_wait(as_tuple(use_awaitable));
@@ -482,6 +565,7 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
     for (auto& task : tasks) {
       if (task) watch.unwatch(&task->abort_handle);
     }
+    if (auto error = escaped(tasks)) std::rethrow_exception(error);
 
     if (watch.client_gone()) {
       abandon_all(tasks, plan);
@@ -496,7 +580,14 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
       if (!task || task.get() == winner) continue;
       bool lost_race = winner && task->abort_handle.aborted();
       bool superseded = winner && task->result && task->result->ok() && task->has_usable_head();
-      if (lost_race || superseded) {
+      if (lost_race) {
+        plan.lost_race(
+            task->attempt,
+            std::chrono::duration_cast<router::Micros>(task->stopped - task->limits.started),
+            task->stopped);
+        continue;
+      }
+      if (superseded) {
         plan.abandon(task->attempt);
         continue;
       }
@@ -590,9 +681,18 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ProxyInputs& in
   watch.unwatch(&winner.abort_handle);
   const auto finished_at = Clock::now();
   exchange.note_finished(finished_at);
-  plan.finish(winner.attempt, outcome.complete,
-              std::chrono::duration_cast<router::Micros>(finished_at - winner.limits.started),
-              finished_at);
+  // A client that left, or stopped reading, cut the response short: that
+  // is no outcome of the deployment. An upstream that broke is, even if the
+  // client then missed the error event.
+  const bool upstream_broke =
+      outcome.upstream_error && outcome.upstream_error->failure != upstream::Failure::aborted;
+  if (!outcome.complete && !upstream_broke && (outcome.client_failed || watch.client_gone())) {
+    plan.left_by_client(winner.attempt);
+  } else {
+    plan.finish(winner.attempt, outcome.complete,
+                std::chrono::duration_cast<router::Micros>(finished_at - winner.limits.started),
+                finished_at);
+  }
   if (outcome.nothing_sent && outcome.upstream_error && !watch.client_gone()) {
     co_return co_await respond_broken_upstream(context, deployment, *outcome.upstream_error);
   }
@@ -818,18 +918,31 @@ void ConnectionStrings::reset() {
 }
 
 void Pipeline::begin(RequestContext& context) {
-  context.worker.gateway().metrics().requests_in_flight.add(context.worker.index());
   auto next_random = [&worker = context.worker] { return worker.next_random(); };
   auto incoming = metrics::parse_traceparent(context.request["traceparent"]);
   context.trace = incoming ? *incoming : metrics::new_trace_context(next_random);
 }
 
 void Pipeline::end(RequestContext& context, bool keep) {
-  context.worker.gateway().metrics().requests_in_flight.sub(context.worker.index());
   account(context, !keep && context.client_gone);
 }
 
 namespace {
+
+// The request counts in sluice_requests_in_flight while this lives, however
+// handle() is left: an exception unwinding it must not leave the gauge up.
+class InFlightRequest {
+ public:
+  explicit InFlightRequest(Worker& worker) : worker_(worker) {
+    worker_.gateway().metrics().requests_in_flight.add(worker_.index());
+  }
+  ~InFlightRequest() { worker_.gateway().metrics().requests_in_flight.sub(worker_.index()); }
+  InFlightRequest(const InFlightRequest&) = delete;
+  InFlightRequest& operator=(const InFlightRequest&) = delete;
+
+ private:
+  Worker& worker_;
+};
 
 // What a request that goes upstream carries from its admission to the end of
 // its relay: the admission to settle, and the storage the forwarded body and
@@ -973,9 +1086,12 @@ Screening screen_request(RequestContext& context, ProxyJob& job) {
     }
   }
   const auto text_bytes = inspected->form_data ? inspected->form_text_bytes : body.size();
+  // Only a request that goes on reserves tokens: one refused below (an
+  // unknown model, no rule that matches) spends nothing upstream.
+  const bool goes_on = context.model && (!job.shaped || job.shaped->target);
   job.admission = auth.admit({presented_key.value_or(""), model_name,
-                              auth::estimate_tokens(text_bytes, max_tokens), context.body_read,
-                              &context.key_memo});
+                              goes_on ? auth::estimate_tokens(text_bytes, max_tokens) : 0,
+                              context.body_read, &context.key_memo});
   job.admission.append_headers(context.response_fields);
   // Refused requests are logged with the key and model too: a 429 is worth
   // little to an operator without knowing whose.
@@ -1102,6 +1218,15 @@ net::awaitable<std::optional<bool>> admit_request(RequestContext& context, Proxy
   co_return std::nullopt;
 }
 
+// What a proxied request spent upstream, to settle its reservation with.
+// Without an answer, every attempt failed before its first byte: nothing,
+// unless the client left while they ran. With one, what the upstream
+// reported (nullopt, when it reported nothing, keeps the estimate).
+std::optional<std::uint64_t> tokens_spent(const RequestContext& context) {
+  if (context.answered == nullptr && !context.watch.client_gone()) return 0;
+  return context.usage_tokens;
+}
+
 // Screens the request. One that only needs forwarding (the usual case) is
 // prepared for it here, in plain code, and null is returned; otherwise the
 // screening, for admit_request, on the heap: it is rare, and large for the
@@ -1119,6 +1244,7 @@ std::unique_ptr<Screening> screen_and_prepare(RequestContext& context, ProxyJob&
 }  // namespace
 
 net::awaitable<bool> Pipeline::handle(RequestContext& context) {
+  const InFlightRequest in_flight(context.worker);
   begin(context);
   // Only the stages before the upstream that must wait (answers of the
   // gateway's own, the cache) run in a frame of their own; a held stream
@@ -1137,7 +1263,7 @@ net::awaitable<bool> Pipeline::handle(RequestContext& context) {
     keep = co_await proxy(context, job.inputs, watch);
     // Settled as soon as the response has ended: the client may already be
     // sending its next request.
-    context.snapshot->auth->complete(job.admission, context.usage_tokens,
+    context.snapshot->auth->complete(job.admission, tokens_spent(context),
                                      settle_answered_at(context));
     watch.stop();
     context.client_gone = watch.client_gone();

@@ -104,10 +104,25 @@ net::awaitable<void> close_gracefully(net::ip::tcp::socket& client, SocketDeadli
   client.close(ignored);
 }
 
+// The connection's place in Gateway::open_connections, taken by admit():
+// given back however the connection ends, an exception unwinding it
+// included, or the gateway would drift toward refusing every connection.
+class OpenConnectionCount {
+ public:
+  explicit OpenConnectionCount(std::atomic<unsigned>& count) : count_(count) {}
+  ~OpenConnectionCount() { count_.fetch_sub(1, std::memory_order_relaxed); }
+  OpenConnectionCount(const OpenConnectionCount&) = delete;
+  OpenConnectionCount& operator=(const OpenConnectionCount&) = delete;
+
+ private:
+  std::atomic<unsigned>& count_;
+};
+
 }  // namespace
 
 net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket client) {
   auto& gateway = worker.gateway();
+  const OpenConnectionCount counted(gateway.open_connections());
   // The next read after a request (most often the watch's, started before
   // the client could send more) then waits for readiness without trying.
   prepare_accepted_relay_socket(client);
@@ -234,7 +249,6 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
   } else {
     co_await close_gracefully(client, deadline);
   }
-  gateway.open_connections().fetch_sub(1, std::memory_order_relaxed);
 }
 
 net::awaitable<void> refuse_connection(net::ip::tcp::socket client) {

@@ -229,6 +229,25 @@ TEST(AuthStage, CompleteSettlesTokensAgainstTheRealCount) {
   EXPECT_EQ(in_flight(stage, "thousand-tokens"), 0u);
 }
 
+TEST(AuthStage, EstimateIsCappedAtAMinutesBudget) {
+  auto config = load(kKeys);
+  AuthStage stage(*config, nullptr);
+  KeyLimits* limits = stage.limiters().find("thousand-tokens");
+  // A client's max_tokens of a trillion reserves one minute's budget, not a
+  // year's debt.
+  Admission huge = stage.admit(request("sk-thousand-tokens", 1'000'000'000'000));
+  ASSERT_TRUE(huge.allowed());
+  EXPECT_EQ(huge.headers.tokens.remaining, 0u);
+  EXPECT_LE(huge.headers.tokens.reset, 60s);
+  EXPECT_TRUE(
+      stage.admit(request("sk-thousand-tokens", 10, "gpt-4o-mini", kStageStart + 1s)).allowed());
+
+  // Settled with what was spent, the capped reservation is given back whole
+  // (the second request's 10 tokens were refilled in that second).
+  stage.complete(huge, 0, kStageStart + 1s);
+  EXPECT_EQ(limits->tokens.remaining(kStageStart + 1s), 1000u);
+}
+
 TEST(AuthStage, ZeroEstimateSkipsTheTokenCheck) {
   auto config = load(kKeys);
   AuthStage stage(*config, nullptr);

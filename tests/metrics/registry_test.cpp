@@ -670,6 +670,7 @@ TEST(GatewayMetricsExposition, EveryFamilyIsPresentAndValid) {
   metrics.requests_in_flight.add(0, 2);
   metrics.upstream_connections_opened.add(1);
   metrics.client_disconnects.add(0);
+  metrics.internal_errors.add(1);
 
   const std::string text = registry.render();
   const Exposition parsed = parse_prometheus_text(text);
@@ -693,6 +694,7 @@ TEST(GatewayMetricsExposition, EveryFamilyIsPresentAndValid) {
       {"sluice_tokens_total", "counter"},
       {"sluice_budget_exceeded_total", "counter"},
       {"sluice_client_disconnects_total", "counter"},
+      {"sluice_internal_errors_total", "counter"},
   };
   EXPECT_EQ(parsed.families.size(), expected_types.size());
   for (const auto& [name, type] : expected_types) {
@@ -733,6 +735,7 @@ TEST(GatewayMetricsExposition, EveryFamilyIsPresentAndValid) {
   EXPECT_EQ(parsed.value("sluice_requests_in_flight"), 2);
   EXPECT_EQ(parsed.value("sluice_gateway_overhead_seconds_count"), 1);
   EXPECT_EQ(parsed.value("sluice_client_disconnects_total"), 1);
+  EXPECT_EQ(parsed.value("sluice_internal_errors_total"), 1);
 }
 
 }  // namespace

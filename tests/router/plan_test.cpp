@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <memory>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -55,6 +56,13 @@ config::Router with_retries(unsigned retries) {
   config::Router policy;
   policy.retries = retries;
   policy.cooldown.fails = 1000;  // keep cooldowns out of the way unless a test wants them
+  return policy;
+}
+
+config::Router hedging(config::Hedge::Mode mode, Millis after = 0ms) {
+  auto policy = with_retries(2);
+  policy.hedge.mode = mode;
+  policy.hedge.after = after;
   return policy;
 }
 
@@ -351,6 +359,70 @@ TEST(Plan, MidstreamFailureCountsTowardCooldown) {
   EXPECT_EQ(router.state("a")->in_flight(), 0);
 }
 
+TEST(Plan, ResponseCutByTheClientIsNoFailureOfTheDeployment) {
+  auto policy = with_retries(1);
+  policy.cooldown.fails = 1;
+  auto cfg = make_config({model("m", config::Strategy::priority, {"a"})}, policy);
+  Router router(cfg);
+  auto& state = *router.state("a");
+  for (int i = 0; i < 3; ++i) {
+    Plan plan = router.plan(cfg->models[0], false, 1);
+    auto attempt = plan.next(kBase);
+    plan.report(*attempt, success(10ms), kBase);
+    plan.left_by_client(*attempt);
+  }
+  EXPECT_EQ(state.in_flight(), 0);
+  EXPECT_EQ(state.failures_total(), 0u);
+  EXPECT_EQ(state.recent_error_rate(kBase), 0.0);
+  EXPECT_FALSE(state.cooling_down(kBase));
+  EXPECT_EQ(state.ttft.summary(kBase, 60s).samples, 3u);
+  // A cut response's duration is no latency anyone would get.
+  EXPECT_EQ(state.total.summary(kBase, 60s).samples, 0u);
+}
+
+TEST(Plan, DestroyedPlanGivesBackWhatItsAttemptsHold) {
+  auto policy = hedging(config::Hedge::Mode::fixed, 100ms);
+  policy.cooldown.fails = 1;
+  policy.cooldown.duration = 1s;
+  auto cfg = make_config({model("m", config::Strategy::priority, {"a", "b"})}, policy);
+  Router router(cfg);
+  auto& a = *router.state("a");
+  auto& b = *router.state("b");
+  {
+    // A failure cools `a` down; once that ran out, the next attempt on it
+    // is its probe.
+    Plan plan = router.plan(cfg->models[0], true, 1);
+    plan.report(*plan.next(kBase), retriable(), kBase);
+  }
+  {
+    Plan plan = router.plan(cfg->models[0], true, 2);
+    auto probe = plan.next(kBase + 2s);
+    ASSERT_EQ(probe->deployment->id, "a");
+    ASSERT_TRUE(probe->probe);
+    auto hedge = plan.next_hedge(kBase + 2s);
+    ASSERT_TRUE(hedge);
+    EXPECT_EQ(a.in_flight(), 1);
+    EXPECT_EQ(b.in_flight(), 1);
+    EXPECT_FALSE(a.probe_available(kBase + 2s));
+    // Unwound without a report, as by an exception.
+  }
+  EXPECT_EQ(a.in_flight(), 0);
+  EXPECT_EQ(b.in_flight(), 0);
+  EXPECT_TRUE(a.probe_available(kBase + 2s));
+
+  // What was reported is not given back twice.
+  {
+    Plan plan = router.plan(cfg->models[0], true, 3);
+    auto probe = plan.next(kBase + 3s);
+    ASSERT_TRUE(probe->probe);
+    plan.report(*probe, success(10ms), kBase + 3s);
+    plan.finish(*probe, true, 1s, kBase + 4s);
+  }
+  EXPECT_EQ(a.in_flight(), 0);
+  EXPECT_FALSE(a.cooling_down(kBase + 4s));
+  EXPECT_FALSE(a.awaiting_probe(kBase + 4s));
+}
+
 TEST(Plan, FullDeploymentIsPassedOver) {
   auto cfg = make_config({model("m", config::Strategy::priority, {"a", "b"})}, with_retries(1));
   cfg->models[0].deployments[0].max_parallel = 1;
@@ -476,13 +548,6 @@ TEST(Plan, AllCoolingStillGetsOneAttemptOnTheSoonest) {
 // ---------------------------------------------------------------------------
 // hedging
 
-config::Router hedging(config::Hedge::Mode mode, Millis after = 0ms) {
-  auto policy = with_retries(2);
-  policy.hedge.mode = mode;
-  policy.hedge.after = after;
-  return policy;
-}
-
 TEST(PlanHedge, HedgeGoesToAnotherDeploymentOnlyOnce) {
   auto cfg = make_config({model("m", config::Strategy::latency, {"a", "b", "c"})},
                          hedging(config::Hedge::Mode::fixed, 500ms));
@@ -510,6 +575,87 @@ TEST(PlanHedge, HedgeGoesToAnotherDeploymentOnlyOnce) {
     EXPECT_EQ(main->state->in_flight(), 0);
     EXPECT_EQ(hedge->state->in_flight(), 0);
   }
+}
+
+TEST(PlanHedge, PrimaryThatLostToItsHedgeLeavesItsWaitAsATtftSample) {
+  auto cfg = make_config({model("m", config::Strategy::priority, {"a", "b"})},
+                         hedging(config::Hedge::Mode::fixed, 500ms));
+  Router router(cfg);
+  auto& a = *router.state("a");
+  auto& b = *router.state("b");
+
+  Plan lost_primary = router.plan(cfg->models[0], true, 1);
+  auto main = lost_primary.next(kBase);
+  auto hedge = lost_primary.next_hedge(kBase + 500ms);
+  lost_primary.report(*hedge, success(300ms), kBase + 800ms);
+  lost_primary.lost_race(*main, 800ms, kBase + 800ms);
+  lost_primary.finish(*hedge, true, 1s, kBase + 1s);
+  const auto window = a.ttft.summary(kBase + 1s, 60s);
+  EXPECT_EQ(window.samples, 1u);
+  EXPECT_EQ(window.p50, 800ms);
+  EXPECT_EQ(a.failures_total(), 0u);
+  EXPECT_EQ(a.in_flight(), 0);
+
+  // A hedge that lost began late: its wait is no sample of `b`.
+  Plan lost_hedge = router.plan(cfg->models[0], true, 2);
+  main = lost_hedge.next(kBase + 2s);
+  hedge = lost_hedge.next_hedge(kBase + 2500ms);
+  lost_hedge.report(*main, success(600ms), kBase + 2600ms);
+  lost_hedge.lost_race(*hedge, 100ms, kBase + 2600ms);
+  lost_hedge.finish(*main, true, 1s, kBase + 3s);
+  EXPECT_EQ(b.ttft.summary(kBase + 3s, 60s).samples, 1u);  // its win above
+  EXPECT_EQ(b.in_flight(), 0);
+  EXPECT_EQ(b.failures_total(), 0u);
+}
+
+// Both deployments answer in 50-150 ms, but stall for 2 s on one request in
+// 25. Hedging after the P95 should hedge about one request in twenty: those
+// whose primary waits past it. A primary abandoned without a sample each
+// time its hedge wins takes the stalls out of the window, its P95 sinks to
+// the fast answers', and every stall is hedged on top of the slowest fast
+// answers (about 9% of the requests).
+TEST(PlanHedge, HedgeRateStaysNearFivePercentOnDeploymentsThatStall) {
+  auto policy = hedging(config::Hedge::Mode::p95);
+  policy.window = 200;
+  auto cfg = make_config({model("m", config::Strategy::round_robin, {"a", "b"})}, policy);
+  Router router(cfg);
+  std::mt19937_64 random(42);
+  std::uniform_int_distribution<int> fast_ms(50, 150);
+  std::bernoulli_distribution stalls(0.04);
+  auto latency = [&]() -> Micros {
+    return stalls(random) ? 2000ms : milliseconds(fast_ms(random));
+  };
+
+  constexpr int kWarmUp = 2000, kMeasured = 4000;
+  int hedged = 0;
+  TimePoint now = kBase;
+  for (int i = 0; i < kWarmUp + kMeasured; ++i, now += 20ms) {
+    Plan plan = router.plan(cfg->models[0], true, static_cast<std::uint64_t>(i));
+    auto main = plan.next(now);
+    ASSERT_TRUE(main);
+    const Micros primary = latency();
+    if (!main->hedge_after || primary <= *main->hedge_after) {
+      plan.report(*main, success(primary), now + primary);
+      plan.finish(*main, true, primary, now + primary);
+      continue;
+    }
+    if (i >= kWarmUp) ++hedged;
+    const Micros after = *main->hedge_after;
+    auto hedge = plan.next_hedge(now + after);
+    ASSERT_TRUE(hedge);
+    const Micros hedge_done = after + latency();
+    const auto& winner = hedge_done < primary ? *hedge : *main;
+    const auto& loser = hedge_done < primary ? *main : *hedge;
+    const Micros won_at = std::min(hedge_done, primary);
+    const Micros loser_began = &loser == &*hedge ? after : Micros{0};
+    plan.report(winner, success(&winner == &*hedge ? won_at - after : won_at), now + won_at);
+    plan.lost_race(loser, won_at - loser_began, now + won_at);
+    plan.finish(winner, true, won_at, now + won_at);
+  }
+  const double rate = static_cast<double>(hedged) / kMeasured;
+  EXPECT_GT(rate, 0.035);
+  EXPECT_LT(rate, 0.07) << "the window's P95 sank: "
+                        << router.state("a")->ttft.summary(now, 60s).p95.count() << " us";
 }
 
 TEST(PlanHedge, HedgeDoesNotCountAgainstRetries) {

@@ -190,6 +190,64 @@ TEST_F(Auth, TpmLimitRefusesOnceTheBudgetIsSpent) {
   EXPECT_LE(allowed, 5);
 }
 
+// A refused request spends nothing upstream, however many tokens it asks
+// for: it must not cost the key its budget (once, a typo in the model name
+// with a huge max_tokens locked the key out for a year).
+TEST_F(Auth, RefusedRequestReservesNoTokens) {
+  TestGateway gateway(
+      std::string("auth:\n  keys:\n    - name: team-a\n      key: ") + kTeamKey +
+      "\n      tpm: 100000\nmodels:\n  - name: chat-fast\n    deployments:\n" +
+      deployment_yaml("fast", upstream_->base_url()) +
+      "  - name: auto\n    rules:\n      - {when: {contains_any: [sql]}, model: chat-fast}\n");
+  const std::string huge = "\"max_tokens\":1000000000000";
+  auto typo = http_request(gateway.port(), "POST", "/v1/chat/completions",
+                           chat_body("typo", false, huge), bearer(kTeamKey));
+  EXPECT_EQ(typo.status, 404u) << typo.body;
+  EXPECT_EQ(typo.header("x-ratelimit-remaining-tokens"), "100000");
+  auto unmatched = http_request(gateway.port(), "POST", "/v1/chat/completions",
+                                chat_body("auto", false, huge), bearer(kTeamKey));
+  EXPECT_EQ(unmatched.status, 400u) << unmatched.body;
+  EXPECT_EQ(json::parse(unmatched.body)["error"]["code"], "no_matching_rule");
+
+  auto next = http_request(gateway.port(), "POST", "/v1/chat/completions",
+                           chat_body("chat-fast", false), bearer(kTeamKey));
+  EXPECT_EQ(next.status, 200u) << next.body;
+  EXPECT_EQ(upstream_->stats().requests, 1u);
+}
+
+// Every attempt failed before its first byte: nothing was spent upstream,
+// and the whole reservation is given back.
+TEST_F(Auth, UpstreamFailureGivesTheReservationBack) {
+  mock::Behaviour failing;
+  failing.fail = "500";
+  auto broken = start_mock(failing);
+  TestGateway gateway(std::string("router:\n  retries: 0\nauth:\n  keys:\n    - name: team-a\n"
+                                  "      key: ") +
+                      kTeamKey + "\n      tpm: 1000\nmodels:\n  - name: chat-fast\n" +
+                      "    deployments:\n" + deployment_yaml("fast", upstream_->base_url()) +
+                      "  - name: chat-broken\n    deployments:\n" +
+                      deployment_yaml("broken", broken->base_url()));
+  // Reserves a minute's budget: kept, the key could send nothing more for
+  // a minute.
+  auto failed =
+      http_request(gateway.port(), "POST", "/v1/chat/completions",
+                   chat_body("chat-broken", false, "\"max_tokens\":1000"), bearer(kTeamKey));
+  ASSERT_EQ(failed.status, 500u) << failed.body;
+  EXPECT_EQ(broken->stats().requests, 1u);
+  // The failure reaches the client a moment before the reservation is
+  // settled; kept, it would let a request through only once it had been
+  // paid off, with nothing left of the budget.
+  HttpResponse next;
+  EXPECT_TRUE(eventually(
+      [&] {
+        next = http_request(gateway.port(), "POST", "/v1/chat/completions",
+                            chat_body("chat-fast", false, "\"max_tokens\":1"), bearer(kTeamKey));
+        return next.status == 200u;
+      },
+      2s));
+  EXPECT_GT(std::stoul(next.header("x-ratelimit-remaining-tokens")), 900u);
+}
+
 TEST_F(Auth, UsageChunkIsRequestedUpstreamAndHiddenFromTheClient) {
   TestGateway gateway(config_with_keys(
       upstream_->base_url(),

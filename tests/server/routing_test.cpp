@@ -254,6 +254,47 @@ TEST(Routing, CooldownTakesFailingDeploymentOutAndProbeBringsItBack) {
   EXPECT_EQ(ask().header("x-sluice-deployment"), "flaky");
 }
 
+// A user pressing "stop" in a chat UI closes the stream after its first
+// events: the deployment did nothing wrong.
+TEST(Routing, ClientThatLeavesMidStreamIsNoFailureOfTheDeployment) {
+  mock::Behaviour chatty;
+  chatty.interval = 50ms;
+  chatty.tokens = 40;
+  auto first = start_mock(chatty);
+  auto second = start_mock(chatty);
+  TestGateway gateway(
+      "router:\n  cooldown: {fails: 2, within: 60s, for: 30s}\n"
+      "models:\n  - name: chat\n    strategy: priority\n    deployments:\n" +
+      deployment_yaml("first", first->base_url()) + deployment_yaml("second", second->base_url()));
+  auto first_deployment = [&] {
+    auto routes = http_request(gateway.gateway().admin_port(), "GET", "/admin/routes");
+    return json::parse(routes.body)["models"][0]["deployments"][0];
+  };
+  constexpr int kStopped = 4;
+  for (int i = 0; i < kStopped; ++i) {
+    HttpConnection client(gateway.port(), 5s);
+    client.send("POST", "/v1/chat/completions", chat_body("chat", true));
+    auto head = client.read_head();
+    ASSERT_EQ(head.status, 200u);
+    ASSERT_EQ(head.header("x-sluice-deployment"), "first");
+    ASSERT_TRUE(client.read_body_piece());
+    client.close();
+    // The gateway sees the client go before the next request is sent.
+    ASSERT_TRUE(eventually([&] { return first_deployment()["in_flight"] == 0; }));
+  }
+  auto deployment = first_deployment();
+  EXPECT_EQ(deployment["failures_total"], 0) << deployment;
+  EXPECT_EQ(deployment["recent_error_rate"], 0.0) << deployment;
+  EXPECT_EQ(deployment["cooling_down"], false) << deployment;
+  EXPECT_EQ(deployment["ttft_samples"], kStopped) << deployment;
+
+  auto next =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
+  EXPECT_EQ(next.status, 200u);
+  EXPECT_EQ(next.header("x-sluice-deployment"), "first");
+  EXPECT_EQ(second->stats().requests, 0u);
+}
+
 TEST(Routing, HedgingCutsTheTailOfAStallingDeployment) {
   auto stalling = mock_with(10ms, "stall", 0.1);
   auto steady = mock_with(10ms);

@@ -35,7 +35,9 @@ struct AuthRequest {
   // The public model name; empty for endpoints without one (GET
   // /v1/models), which skips the model check.
   std::string_view model;
-  // 0 charges no tokens up front and skips the TPM check (nothing to reserve).
+  // Reserved against the key's TPM budget, at most one minute's worth of
+  // it. 0 charges no tokens up front and skips the TPM check (nothing to
+  // reserve): for requests that will not go upstream.
   std::uint64_t estimated_tokens = 0;
   TimePoint now;
   // The client connection's, if it has one: the key is looked up through it.

@@ -84,6 +84,7 @@ class GatewayMetrics {
   ShardedGaugeHandle requests_in_flight;      // sluice_requests_in_flight
   CounterHandle upstream_connections_opened;  // sluice_upstream_connections_opened_total
   CounterHandle client_disconnects;           // sluice_client_disconnects_total
+  CounterHandle internal_errors;              // sluice_internal_errors_total
 
  private:
   Registry& registry_;

@@ -65,6 +65,14 @@ class Router;
 // updates is thread-safe.
 class Plan {
  public:
+  // Gives back the slots (and probes) of attempts that never got their
+  // report(), finish(), abandon(), lost_race() or left_by_client(): an
+  // exception unwinding the request must not leave a deployment looking
+  // busier than it is.
+  ~Plan();
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+
   // The next attempt, or nullopt when the attempts are spent (retries + 1 in
   // all) or a result ended the request. Takes an in-flight slot on the
   // deployment it returns; report() or finish() gives it back.
@@ -78,8 +86,20 @@ class Plan {
   // A successful attempt's response has ended: `ok` false for a mid-stream
   // failure. `total` feeds the non-streaming window when !stream.
   void finish(const Attempt& attempt, bool ok, Micros total, TimePoint now);
-  // An attempt given up without a result (lost a hedge race, client gone).
+  // An attempt given up without a result (client gone, or both racers
+  // answered at once).
   void abandon(const Attempt& attempt);
+  // An attempt stopped because the other one of its race answered first,
+  // `waited` after it began. A primary that lost to its hedge is the slow
+  // tail the hedge was for, so its wait feeds the TTFT window as a lower
+  // bound of its time (not as a failure); without it, the window's P95
+  // would sink with every hedge won and fire hedges ever sooner. A losing
+  // hedge began late, so its wait says nothing of its deployment.
+  void lost_race(const Attempt& attempt, Micros waited, TimePoint now);
+  // A successful attempt's response was cut short by its client (gone, or
+  // too slow to read): says nothing of the deployment, so no failure and no
+  // total time; its TTFT, from report(), stands.
+  void left_by_client(const Attempt& attempt);
 
   // Whether next() could still return an attempt after a retriable failure.
   bool can_retry() const;
@@ -104,6 +124,9 @@ class Plan {
   Millis backoff_wait(unsigned previous_attempts_on_deployment);
   unsigned& attempts_on(const config::Deployment* deployment);
   void resolve_groups(const std::vector<std::string>& names);
+  // The slot of `state` is given back: it no longer needs the destructor.
+  void forget_slot(const DeploymentState* state);
+  void forget_probe(const DeploymentState* state);
 
   const Router* router_;
   const config::Model* requested_;
@@ -123,6 +146,13 @@ class Plan {
   bool hedged_ = false;
   bool ended_ = false;
   bool switched_to_context_fallbacks_ = false;
+  // The slots this plan's attempts hold now: a primary and its hedge at
+  // most, in the gateway.
+  struct HeldSlot {
+    DeploymentState* state;
+    bool probe;  // a probe claim not settled yet
+  };
+  boost::container::small_vector<HeldSlot, 2> held_;
 };
 
 // Holds the live state of every deployment in a config snapshot. Built per

@@ -91,7 +91,7 @@ class Pipeline {
   static boost::asio::awaitable<bool> handle(RequestContext& context);
 
  private:
-  // The bookkeeping around every request: in flight, trace, access log.
+  // The bookkeeping around every request: trace, metrics, access log.
   static void begin(RequestContext& context);
   static void end(RequestContext& context, bool keep);
 };
