@@ -5,7 +5,7 @@
 // together in one wake-up, and a context made where an ended one was gets a
 // queue of its own. read_http parses what is
 // buffered without reading and maps the end of the stream as Beast does.
-#include "sluice/common/socket_deadline.hpp"
+#include "sluice/http/socket_deadline.hpp"
 
 #include <gtest/gtest.h>
 
@@ -23,7 +23,7 @@
 #include <optional>
 #include <vector>
 
-#include "sluice/common/http_read.hpp"
+#include "sluice/http/http_read.hpp"
 #include "support/socket_pair.hpp"
 
 namespace sluice::testing {
