@@ -31,7 +31,7 @@ Digest digest_of(const json& body, std::string_view model, Endpoint endpoint) {
   text.append(model).append("\n");
   // nlohmann's objects are ordered maps: the dump lists keys sorted.
   text.append(body.dump(-1, ' ', false, json::error_handler_t::replace));
-  return auth::sha256(text);
+  return sha256(text);
 }
 
 // The text parts of a message's content: a string, or an array of parts of

@@ -5,7 +5,6 @@
 #include "sluice/config/config.hpp"
 
 #include <openssl/crypto.h>
-#include <openssl/sha.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
@@ -25,8 +24,9 @@
 #include <string_view>
 #include <thread>
 
-#include "sluice/common/endpoints.hpp"
 #include "sluice/common/hex.hpp"
+#include "sluice/common/sha256.hpp"
+#include "sluice/openai/endpoints.hpp"
 
 namespace sluice::config {
 namespace {
@@ -665,7 +665,7 @@ std::array<unsigned char, 32> Loader::read_key_digest(const MappingReader& map,
       // characters and loses surrounding spaces: such a key never matches.
       fail(*plain_at, "must not contain control characters or start or end with a space");
     }
-    SHA256(reinterpret_cast<const unsigned char*>(secret.data()), secret.size(), digest.data());
+    digest = sha256(secret);
     OPENSSL_cleanse(secret.data(), secret.size());
     return digest;
   }

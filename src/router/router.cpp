@@ -127,17 +127,23 @@ const config::Deployment* Router::choose(const config::Model& group, bool stream
   return choose_among(group, stream, exclude, now, random, /*allow_cooling=*/true).deployment;
 }
 
-Router::Choice Router::choose_among(const config::Model& group, bool stream,
-                                    std::span<const config::Deployment* const> exclude,
-                                    TimePoint now, RandomBits& random, bool allow_cooling) const {
-  Deployments candidates;
-  candidates.reserve(group.deployments.size());
-  const config::Deployment* soonest = nullptr;
-  TimePoint soonest_until = TimePoint::max();
+namespace {
 
+// The deployments of a group a request may go to now, and, when cooldowns
+// keep some out, the one closest to coming back.
+struct Usable {
+  Deployments candidates;
+  const config::Deployment* soonest_back = nullptr;
+};
+
+Usable usable_deployments(const Router& router, const config::Model& group,
+                          std::span<const config::Deployment* const> exclude, TimePoint now) {
+  Usable usable;
+  usable.candidates.reserve(group.deployments.size());
+  TimePoint soonest_until = TimePoint::max();
   for (const auto& deployment : group.deployments) {
     if (contains(exclude, &deployment)) continue;
-    DeploymentState* state = this->state(deployment);
+    DeploymentState* state = router.state(deployment);
     if (state == nullptr) continue;
     if (deployment.max_parallel != 0 &&
         state->in_flight() >=
@@ -149,100 +155,128 @@ Router::Choice Router::choose_among(const config::Model& group, bool stream,
     // not over yet either.
     if (state->cooling_down(now) || (state->awaiting_probe(now) && !state->probe_available(now))) {
       const TimePoint until = state->cooldown_until().value_or(now);
-      if (soonest == nullptr || until < soonest_until) {
-        soonest = &deployment;
+      if (usable.soonest_back == nullptr || until < soonest_until) {
+        usable.soonest_back = &deployment;
         soonest_until = until;
       }
       continue;
     }
-    candidates.push_back(&deployment);
+    usable.candidates.push_back(&deployment);
   }
+  return usable;
+}
 
+// strategy: latency. The lowest P50 wins, and every deployment within
+// `latency_buffer` of it ties with it.
+const config::Deployment* pick_fastest(const Router& router, const Deployments& candidates,
+                                       bool stream, TimePoint now, double latency_buffer,
+                                       RandomBits& random) {
+  Deployments unsampled;
+  boost::container::small_vector<std::pair<const config::Deployment*, Micros>, 8> measured;
+  for (const auto* deployment : candidates) {
+    DeploymentState* state = router.state(*deployment);
+    // A non-streaming client waits for the whole body, so that is the
+    // latency it feels; first-byte times stand in until there are any.
+    if (!stream) {
+      const auto total = state->total.summary(now, kFreshFor);
+      if (total.samples > 0) {
+        measured.emplace_back(deployment, total.p50);
+        continue;
+      }
+    }
+    const auto ttft = state->ttft.summary(now, kFreshFor);
+    if (ttft.samples > 0) {
+      measured.emplace_back(deployment, ttft.p50);
+    } else {
+      unsampled.push_back(deployment);
+    }
+  }
+  // Without a fresh measurement a deployment could never win back
+  // traffic, so it goes first and earns one.
+  if (!unsampled.empty()) return pick_uniform(unsampled, random);
+  auto best = std::min_element(measured.begin(), measured.end(), [](auto& a, auto& b) {
+                return a.second < b.second;
+              })->second;
+  const double limit = static_cast<double>(best.count()) * (1.0 + std::max(0.0, latency_buffer));
+  Deployments close_enough;
+  for (const auto& [deployment, p50] : measured) {
+    if (static_cast<double>(p50.count()) <= limit) close_enough.push_back(deployment);
+  }
+  return pick_uniform(close_enough, random);
+}
+
+// strategy: round_robin. The group's next usable deployment in turn; `turn`
+// is shared by all threads.
+const config::Deployment* pick_in_turn(const config::Model& group, const Deployments& candidates,
+                                       std::atomic<std::uint64_t>& turn) {
+  const std::size_t count = group.deployments.size();
+  const std::size_t start = turn.fetch_add(1, std::memory_order_relaxed) % count;
+  for (std::size_t step = 0; step < count; ++step) {
+    const auto* deployment = &group.deployments[(start + step) % count];
+    if (contains(candidates, deployment)) return deployment;
+  }
+  return candidates.front();
+}
+
+// strategy: weighted. A draw in proportion to the weights; all-zero weights
+// draw uniformly.
+const config::Deployment* pick_by_weight(const Deployments& candidates, RandomBits& random) {
+  std::uint64_t total_weight = 0;
+  for (const auto* deployment : candidates) total_weight += deployment->weight;
+  if (total_weight == 0) return pick_uniform(candidates, random);
+  std::uniform_int_distribution<std::uint64_t> ticket(0, total_weight - 1);
+  std::uint64_t drawn = ticket(random);
+  for (const auto* deployment : candidates) {
+    if (drawn < deployment->weight) return deployment;
+    drawn -= deployment->weight;
+  }
+  return candidates.back();
+}
+
+// strategy: least_busy. The fewest requests in flight, ties drawn uniformly.
+const config::Deployment* pick_least_busy(const Router& router, const Deployments& candidates,
+                                          RandomBits& random) {
+  int fewest = std::numeric_limits<int>::max();
+  Deployments idlest;
+  for (const auto* deployment : candidates) {
+    const int busy = router.state(*deployment)->in_flight();
+    if (busy < fewest) {
+      fewest = busy;
+      idlest.clear();
+    }
+    if (busy == fewest) idlest.push_back(deployment);
+  }
+  return pick_uniform(idlest, random);
+}
+
+}  // namespace
+
+Router::Choice Router::choose_among(const config::Model& group, bool stream,
+                                    std::span<const config::Deployment* const> exclude,
+                                    TimePoint now, RandomBits& random, bool allow_cooling) const {
+  const auto usable = usable_deployments(*this, group, exclude, now);
+  const auto& candidates = usable.candidates;
   if (candidates.empty()) {
     // Everything left is cooling down: try the one closest to coming back
     // rather than failing the group without a single attempt.
-    if (allow_cooling && soonest != nullptr) return {soonest, true};
+    if (allow_cooling && usable.soonest_back != nullptr) return {usable.soonest_back, true};
     return {};
   }
   // Nothing to weigh: every strategy would pick it.
   if (candidates.size() == 1) return {candidates.front()};
 
   switch (group.strategy) {
-    case config::Strategy::latency: {
-      Deployments unsampled;
-      boost::container::small_vector<std::pair<const config::Deployment*, Micros>, 8> measured;
-      for (const auto* deployment : candidates) {
-        DeploymentState* state = this->state(*deployment);
-        // A non-streaming client waits for the whole body, so that is the
-        // latency it feels; first-byte times stand in until there are any.
-        if (!stream) {
-          const auto total = state->total.summary(now, kFreshFor);
-          if (total.samples > 0) {
-            measured.emplace_back(deployment, total.p50);
-            continue;
-          }
-        }
-        const auto ttft = state->ttft.summary(now, kFreshFor);
-        if (ttft.samples > 0) {
-          measured.emplace_back(deployment, ttft.p50);
-        } else {
-          unsampled.push_back(deployment);
-        }
-      }
-      // Without a fresh measurement a deployment could never win back
-      // traffic, so it goes first and earns one.
-      if (!unsampled.empty()) return {pick_uniform(unsampled, random)};
-      auto best = std::min_element(measured.begin(), measured.end(), [](auto& a, auto& b) {
-                    return a.second < b.second;
-                  })->second;
-      const double buffer = std::max(0.0, config_->router.latency_buffer);
-      const double limit = static_cast<double>(best.count()) * (1.0 + buffer);
-      Deployments close_enough;
-      for (const auto& [deployment, p50] : measured) {
-        if (static_cast<double>(p50.count()) <= limit) close_enough.push_back(deployment);
-      }
-      return {pick_uniform(close_enough, random)};
-    }
-
+    case config::Strategy::latency:
+      return {pick_fastest(*this, candidates, stream, now, config_->router.latency_buffer, random)};
     case config::Strategy::round_robin: {
-      auto counter = round_robin_.find(group.name);
-      if (counter == round_robin_.end()) return {candidates.front()};
-      const std::size_t count = group.deployments.size();
-      const std::size_t start = counter->second->fetch_add(1, std::memory_order_relaxed) % count;
-      for (std::size_t step = 0; step < count; ++step) {
-        const auto* deployment = &group.deployments[(start + step) % count];
-        if (contains(candidates, deployment)) return {deployment};
-      }
-      return {candidates.front()};
+      auto turn = round_robin_.find(group.name);
+      if (turn == round_robin_.end()) return {candidates.front()};
+      return {pick_in_turn(group, candidates, *turn->second)};
     }
-
-    case config::Strategy::weighted: {
-      std::uint64_t total_weight = 0;
-      for (const auto* deployment : candidates) total_weight += deployment->weight;
-      if (total_weight == 0) return {pick_uniform(candidates, random)};
-      std::uniform_int_distribution<std::uint64_t> ticket(0, total_weight - 1);
-      std::uint64_t drawn = ticket(random);
-      for (const auto* deployment : candidates) {
-        if (drawn < deployment->weight) return {deployment};
-        drawn -= deployment->weight;
-      }
-      return {candidates.back()};
-    }
-
-    case config::Strategy::least_busy: {
-      int fewest = std::numeric_limits<int>::max();
-      Deployments idlest;
-      for (const auto* deployment : candidates) {
-        const int busy = state(*deployment)->in_flight();
-        if (busy < fewest) {
-          fewest = busy;
-          idlest.clear();
-        }
-        if (busy == fewest) idlest.push_back(deployment);
-      }
-      return {pick_uniform(idlest, random)};
-    }
-
+    case config::Strategy::weighted:
+      return {pick_by_weight(candidates, random)};
+    case config::Strategy::least_busy:
+      return {pick_least_busy(*this, candidates, random)};
     case config::Strategy::priority:
       return {candidates.front()};
   }

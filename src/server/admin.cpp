@@ -10,7 +10,8 @@
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
-#include "sluice/common/errors.hpp"
+#include "sluice/http/network_errors.hpp"
+#include "sluice/openai/api_error.hpp"
 #include "sluice/server/gateway.hpp"
 
 namespace sluice::server {

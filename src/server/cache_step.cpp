@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/cache/replay.hpp"
-#include "sluice/common/http_head.hpp"
 #include "sluice/common/json_scan.hpp"
+#include "sluice/http/http_head.hpp"
 
 namespace sluice::server {
 

@@ -19,7 +19,7 @@
 #include <utility>
 
 #include "sluice/common/json_scan.hpp"
-#include "sluice/common/relay_socket.hpp"
+#include "sluice/http/relay_socket.hpp"
 #include "sluice/server/admin.hpp"
 #include "sluice/server/internal_errors.hpp"
 #include "sluice/server/model_list.hpp"

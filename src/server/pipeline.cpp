@@ -10,14 +10,14 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <nlohmann/json.hpp>
 
-#include "sluice/common/eager_write.hpp"
-#include "sluice/common/endpoints.hpp"
-#include "sluice/common/http_head.hpp"
 #include "sluice/common/json_scan.hpp"
-#include "sluice/common/multipart_body.hpp"
-#include "sluice/common/request_body.hpp"
+#include "sluice/http/eager_write.hpp"
+#include "sluice/http/http_head.hpp"
 #include "sluice/metrics/budgets.hpp"
 #include "sluice/metrics/server_timing.hpp"
+#include "sluice/openai/endpoints.hpp"
+#include "sluice/openai/multipart_body.hpp"
+#include "sluice/openai/request_body.hpp"
 #include "sluice/server/cache_step.hpp"
 #include "sluice/server/internal_errors.hpp"
 #include "sluice/server/model_list.hpp"

@@ -9,11 +9,12 @@
 #include <boost/beast/http/status.hpp>
 #include <optional>
 
-#include "sluice/common/eager_write.hpp"
-#include "sluice/common/errors.hpp"
-#include "sluice/common/http_read.hpp"
-#include "sluice/common/relay_socket.hpp"
-#include "sluice/common/socket_deadline.hpp"
+#include "sluice/http/eager_write.hpp"
+#include "sluice/http/http_read.hpp"
+#include "sluice/http/network_errors.hpp"
+#include "sluice/http/relay_socket.hpp"
+#include "sluice/http/socket_deadline.hpp"
+#include "sluice/openai/api_error.hpp"
 #include "sluice/server/gateway.hpp"
 #include "sluice/server/pipeline.hpp"
 #include "sluice/stream/relay.hpp"

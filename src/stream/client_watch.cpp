@@ -2,7 +2,7 @@
 
 #include <boost/beast/core/read_size.hpp>
 
-#include "sluice/common/drain_aware_read.hpp"
+#include "sluice/http/drain_aware_read.hpp"
 
 namespace sluice::stream {
 

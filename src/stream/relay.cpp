@@ -9,10 +9,10 @@
 #include <cstring>
 #include <span>
 
-#include "sluice/common/drain_aware_read.hpp"
-#include "sluice/common/eager_write.hpp"
-#include "sluice/common/errors.hpp"
-#include "sluice/common/http_head.hpp"
+#include "sluice/http/drain_aware_read.hpp"
+#include "sluice/http/eager_write.hpp"
+#include "sluice/http/http_head.hpp"
+#include "sluice/openai/api_error.hpp"
 
 namespace sluice::stream {
 

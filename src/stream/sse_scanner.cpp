@@ -12,7 +12,7 @@
 
 #include "sluice/common/cpu_features.hpp"
 #include "sluice/common/json_scan.hpp"
-#include "sluice/common/request_body.hpp"
+#include "sluice/openai/request_body.hpp"
 
 namespace sluice::stream {
 

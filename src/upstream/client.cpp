@@ -12,11 +12,11 @@
 #include <boost/beast/http/read.hpp>
 #include <span>
 
-#include "sluice/common/drain_aware_read.hpp"
-#include "sluice/common/eager_write.hpp"
-#include "sluice/common/http_head.hpp"
-#include "sluice/common/http_read.hpp"
-#include "sluice/common/relay_socket.hpp"
+#include "sluice/http/drain_aware_read.hpp"
+#include "sluice/http/eager_write.hpp"
+#include "sluice/http/http_head.hpp"
+#include "sluice/http/http_read.hpp"
+#include "sluice/http/relay_socket.hpp"
 
 namespace sluice::upstream {
 

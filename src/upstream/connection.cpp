@@ -1,7 +1,7 @@
 #include "sluice/upstream/connection.hpp"
 
-#include "sluice/common/errors.hpp"
-#include "sluice/common/http_read.hpp"
+#include "sluice/http/http_read.hpp"
+#include "sluice/http/network_errors.hpp"
 
 namespace sluice::upstream {
 

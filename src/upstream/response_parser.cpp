@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "sluice/common/hex.hpp"
-#include "sluice/common/http_head.hpp"
+#include "sluice/http/http_head.hpp"
 
 namespace sluice::upstream {
 

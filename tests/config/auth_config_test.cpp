@@ -79,7 +79,7 @@ TEST(AuthConfig, KeyDefaults) {
   ASSERT_EQ(auth.keys.size(), 1u);
   const ApiKey& key = auth.keys[0];
   EXPECT_EQ(key.name, "team-a");
-  EXPECT_EQ(key.key_sha256, auth::sha256("sk-team-a-0123"));
+  EXPECT_EQ(key.key_sha256, sha256("sk-team-a-0123"));
   EXPECT_TRUE(key.models.empty());
   EXPECT_EQ(key.limits, ApiKeyLimits{});
   EXPECT_NO_THROW(require_auth_or_explicit_opt_out(*config));
@@ -111,7 +111,7 @@ TEST(AuthConfig, FullKeys) {
   EXPECT_EQ(auth.keys[0].limits.tpm, 200000u);
   EXPECT_EQ(auth.keys[0].limits.max_parallel, 16u);
   EXPECT_EQ(auth.keys[1].name, "team-b");
-  EXPECT_EQ(auth.keys[1].key_sha256, auth::sha256("team-b-secret-key"));
+  EXPECT_EQ(auth.keys[1].key_sha256, sha256("team-b-secret-key"));
   EXPECT_EQ(auth.keys[1].limits.tpm, 18446744073709551615u);
 }
 
@@ -120,7 +120,7 @@ TEST(AuthConfig, DigestHexIsCaseInsensitive) {
   for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   ConfigPtr config = load_string(
       "auth:\n  keys:\n    - {name: b, key_sha256: " + upper + "}\n" + kOneModel, kNoEnv);
-  EXPECT_EQ(config->auth.keys[0].key_sha256, auth::sha256("team-b-secret-key"));
+  EXPECT_EQ(config->auth.keys[0].key_sha256, sha256("team-b-secret-key"));
 }
 
 // ---------------------------------------------------------------------------
@@ -148,7 +148,7 @@ TEST(AuthConfig, RequirePointsAtAnAuthSectionWithoutKeys) {
 
 TEST(AuthConfig, RequireAcceptsKeys) {
   Config config;
-  config.auth.keys.push_back(ApiKey{"a", auth::sha256("aaaaaaaa"), {}, {}});
+  config.auth.keys.push_back(ApiKey{"a", sha256("aaaaaaaa"), {}, {}});
   EXPECT_NO_THROW(require_auth_or_explicit_opt_out(config));
 }
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "sluice/common/multipart_body.hpp"
+#include "sluice/openai/multipart_body.hpp"
 
 namespace {
 

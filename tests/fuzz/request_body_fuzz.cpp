@@ -21,7 +21,7 @@
 #include <string_view>
 
 #include "sluice/common/json_scan.hpp"
-#include "sluice/common/request_body.hpp"
+#include "sluice/openai/request_body.hpp"
 
 namespace {
 

@@ -24,7 +24,7 @@ constexpr const char* kTeamKey = "sk-team-a-0123456789";
 constexpr const char* kOtherKey = "sk-team-b-9876543210";
 
 std::string hex_sha256(std::string_view text) {
-  auto digest = auth::sha256(text);
+  auto digest = sha256(text);
   std::string hex;
   char buf[3];
   for (auto byte : digest) {

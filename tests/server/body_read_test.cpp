@@ -16,8 +16,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "sluice/common/http_read.hpp"
-#include "sluice/common/socket_deadline.hpp"
+#include "sluice/http/http_read.hpp"
+#include "sluice/http/socket_deadline.hpp"
 #include "sluice/server/client_request.hpp"
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"

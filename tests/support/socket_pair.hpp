@@ -13,7 +13,7 @@
 #include <memory>
 #include <string>
 
-#include "sluice/common/errors.hpp"
+#include "sluice/http/network_errors.hpp"
 
 namespace sluice::testing {
 

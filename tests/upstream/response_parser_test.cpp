@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "sluice/common/http_head.hpp"
+#include "sluice/http/http_head.hpp"
 #include "support/altered_heads.hpp"
 #include "support/feed_parser.hpp"
 #include "support/parser_observation.hpp"

@@ -11,17 +11,12 @@
 #include <utility>
 #include <vector>
 
+#include "sluice/common/sha256.hpp"
 #include "sluice/config/config.hpp"
 
 // Who is calling and what they may ask for. Pure lookups over an immutable
 // snapshot: safe from any thread, no locks, no sockets.
 namespace sluice::auth {
-
-using Sha256 = std::array<unsigned char, 32>;
-
-// SHA-256 without touching the heap (OpenSSL 3's one-shot SHA256() goes
-// through EVP and allocates a context on every call).
-Sha256 sha256(std::string_view data);
 
 struct KeyPolicy {
   std::string name;  // what logs and metrics show; never the secret

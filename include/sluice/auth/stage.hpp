@@ -11,8 +11,8 @@
 #include "sluice/auth/key_store.hpp"
 #include "sluice/auth/limits.hpp"
 #include "sluice/common/clock.hpp"
-#include "sluice/common/errors.hpp"
 #include "sluice/config/config.hpp"
+#include "sluice/openai/api_error.hpp"
 
 // The auth and rate-limit stage as one decision: the pipeline hands it what
 // the request says and gets back "go ahead" or the error to answer with.

@@ -5,13 +5,13 @@
 #include <string>
 #include <string_view>
 
-#include "sluice/auth/key_store.hpp"
+#include "sluice/common/sha256.hpp"
 
 // What identifies a cacheable request. Pure functions over the parsed body:
 // no sockets, no clock.
 namespace sluice::cache {
 
-using Digest = auth::Sha256;
+using Digest = Sha256;
 
 // The endpoints whose answers are cached: complete completions only.
 enum class Endpoint { chat, completions };

@@ -8,7 +8,7 @@
 
 #include "sluice/cache/request_key.hpp"
 #include "sluice/cache/response_cache.hpp"
-#include "sluice/common/request_body.hpp"
+#include "sluice/openai/request_body.hpp"
 #include "sluice/server/pipeline.hpp"
 
 // The cache stage between auth and the router: answers a hit, and keeps a

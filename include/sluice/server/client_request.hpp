@@ -12,9 +12,9 @@
 #include <string>
 #include <string_view>
 
-#include "sluice/common/http_head.hpp"
-#include "sluice/common/plain_head.hpp"
 #include "sluice/common/recycling_allocator.hpp"
+#include "sluice/http/http_head.hpp"
+#include "sluice/http/plain_head.hpp"
 
 namespace sluice::server {
 

@@ -9,12 +9,12 @@
 #include <vector>
 
 #include "sluice/common/clock.hpp"
-#include "sluice/common/errors.hpp"
 #include "sluice/common/result.hpp"
-#include "sluice/common/socket_deadline.hpp"
+#include "sluice/http/socket_deadline.hpp"
 #include "sluice/metrics/access_log.hpp"
 #include "sluice/metrics/gap_tracker.hpp"
 #include "sluice/metrics/trace_context.hpp"
+#include "sluice/openai/api_error.hpp"
 #include "sluice/server/client_request.hpp"
 #include "sluice/server/gateway.hpp"
 #include "sluice/stream/client_watch.hpp"

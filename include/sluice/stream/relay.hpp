@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "sluice/common/clock.hpp"
-#include "sluice/common/socket_deadline.hpp"
+#include "sluice/http/socket_deadline.hpp"
 #include "sluice/metrics/gap_tracker.hpp"
 #include "sluice/metrics/registry.hpp"
 #include "sluice/stream/sse_scanner.hpp"

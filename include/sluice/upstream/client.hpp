@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "sluice/common/clock.hpp"
-#include "sluice/common/errors.hpp"
 #include "sluice/common/result.hpp"
+#include "sluice/http/network_errors.hpp"
 #include "sluice/upstream/connection.hpp"
 #include "sluice/upstream/dns_cache.hpp"
 #include "sluice/upstream/origin.hpp"

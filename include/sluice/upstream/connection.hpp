@@ -10,7 +10,7 @@
 #include <string>
 
 #include "sluice/common/clock.hpp"
-#include "sluice/common/socket_deadline.hpp"
+#include "sluice/http/socket_deadline.hpp"
 
 namespace sluice::upstream {
 

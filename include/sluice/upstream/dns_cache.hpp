@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "sluice/common/clock.hpp"
-#include "sluice/common/errors.hpp"
 #include "sluice/common/result.hpp"
+#include "sluice/http/network_errors.hpp"
 
 namespace sluice::upstream {
 

@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "sluice/common/plain_head.hpp"
 #include "sluice/common/recycling_allocator.hpp"
+#include "sluice/http/plain_head.hpp"
 
 namespace sluice::upstream {
 

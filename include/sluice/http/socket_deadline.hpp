@@ -6,7 +6,7 @@
 #include <ratio>
 
 #include "sluice/common/clock.hpp"
-#include "sluice/common/errors.hpp"
+#include "sluice/http/network_errors.hpp"
 
 namespace sluice {
 

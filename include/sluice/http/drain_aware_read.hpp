@@ -26,7 +26,7 @@
 #include <cstring>
 #include <utility>
 
-#include "sluice/common/errors.hpp"
+#include "sluice/http/network_errors.hpp"
 
 namespace sluice {
 

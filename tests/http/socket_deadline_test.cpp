@@ -6,7 +6,7 @@
 // queue of its own. read_http parses what is
 // buffered without reading, maps the end of the stream as Beast does, and
 // starts no read once its deadline has passed.
-#include "sluice/common/socket_deadline.hpp"
+#include "sluice/http/socket_deadline.hpp"
 
 #include <gtest/gtest.h>
 
@@ -24,7 +24,7 @@
 #include <optional>
 #include <vector>
 
-#include "sluice/common/http_read.hpp"
+#include "sluice/http/http_read.hpp"
 #include "support/socket_pair.hpp"
 
 namespace sluice::testing {

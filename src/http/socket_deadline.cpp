@@ -1,4 +1,4 @@
-#include "sluice/common/socket_deadline.hpp"
+#include "sluice/http/socket_deadline.hpp"
 
 #include <algorithm>
 #include <atomic>

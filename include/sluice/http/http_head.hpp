@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "sluice/common/ascii.hpp"
+
 namespace sluice {
 
 // Writes an HTTP/1.1 head straight into a reusable string: cheaper than
@@ -81,19 +83,6 @@ std::string_view lines_without(std::string_view lines, Text& kept, Drop&& drop) 
     }
   });
   return dropped_any ? std::string_view(kept.data(), kept.size()) : lines;
-}
-
-// ASCII case-insensitive equality, as header names compare.
-inline bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    char x = a[i];
-    char y = b[i];
-    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
-    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
-    if (x != y) return false;
-  }
-  return true;
 }
 
 // Whether a field name as parsed (token characters only) is `lowercase`, a

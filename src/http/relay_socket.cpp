@@ -1,4 +1,4 @@
-#include "sluice/common/relay_socket.hpp"
+#include "sluice/http/relay_socket.hpp"
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>

@@ -13,10 +13,10 @@
 #include <optional>
 #include <utility>
 
-#include "sluice/common/drain_aware_read.hpp"
-#include "sluice/common/errors.hpp"
-#include "sluice/common/plain_head.hpp"
-#include "sluice/common/socket_deadline.hpp"
+#include "sluice/http/drain_aware_read.hpp"
+#include "sluice/http/network_errors.hpp"
+#include "sluice/http/plain_head.hpp"
+#include "sluice/http/socket_deadline.hpp"
 
 namespace sluice {
 

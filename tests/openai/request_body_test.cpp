@@ -1,4 +1,4 @@
-#include "sluice/common/request_body.hpp"
+#include "sluice/openai/request_body.hpp"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // accepted connections inherit TCP_NODELAY and TCP_INQ from the listener, a
 // descriptor that is non-blocking already is not set so again, and upstream
 // connections are opened ready, without Asio's ioctl and poll.
-#include "sluice/common/relay_socket.hpp"
+#include "sluice/http/relay_socket.hpp"
 
 #include <dlfcn.h>
 #include <fcntl.h>

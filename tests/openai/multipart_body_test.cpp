@@ -1,6 +1,6 @@
 // multipart/form-data bodies: the boundary from the Content-Type, the
 // framing, and the fields the gateway reads (model, stream, text size).
-#include "sluice/common/multipart_body.hpp"
+#include "sluice/openai/multipart_body.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,10 +1,10 @@
-#include "sluice/common/multipart_body.hpp"
+#include "sluice/openai/multipart_body.hpp"
 
 #include <cstring>
 #include <functional>
 #include <string>
 
-#include "sluice/common/http_head.hpp"
+#include "sluice/common/ascii.hpp"
 
 namespace sluice {
 

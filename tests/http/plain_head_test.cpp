@@ -1,4 +1,4 @@
-#include "sluice/common/plain_head.hpp"
+#include "sluice/http/plain_head.hpp"
 
 #include <gtest/gtest.h>
 

@@ -3,9 +3,9 @@
 #include <optional>
 #include <string_view>
 
-#include "sluice/common/errors.hpp"
-#include "sluice/common/request_body.hpp"
 #include "sluice/common/result.hpp"
+#include "sluice/openai/api_error.hpp"
+#include "sluice/openai/request_body.hpp"
 
 namespace sluice {
 

@@ -1,4 +1,4 @@
-#include "sluice/common/http_head.hpp"
+#include "sluice/http/http_head.hpp"
 
 #include <gtest/gtest.h>
 

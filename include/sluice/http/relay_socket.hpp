@@ -4,9 +4,9 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <span>
 
-#include "sluice/common/drain_aware_read.hpp"
-#include "sluice/common/errors.hpp"
-#include "sluice/common/socket_deadline.hpp"
+#include "sluice/http/drain_aware_read.hpp"
+#include "sluice/http/network_errors.hpp"
+#include "sluice/http/socket_deadline.hpp"
 
 namespace sluice {
 

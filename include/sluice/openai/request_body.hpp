@@ -5,9 +5,9 @@
 #include <string>
 #include <string_view>
 
-#include "sluice/common/errors.hpp"
 #include "sluice/common/json_scan.hpp"
 #include "sluice/common/result.hpp"
+#include "sluice/openai/api_error.hpp"
 
 namespace sluice {
 

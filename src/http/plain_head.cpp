@@ -1,10 +1,10 @@
-#include "sluice/common/plain_head.hpp"
+#include "sluice/http/plain_head.hpp"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
-#include "sluice/common/http_head.hpp"
+#include "sluice/http/http_head.hpp"
 
 namespace sluice {
 

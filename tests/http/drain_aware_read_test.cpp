@@ -3,7 +3,7 @@
 // end of stream or a reset behind it; a read awaiting a reply skips its first try and
 // still gets a reply that is already there; untracked sockets read as Asio
 // does; cancellation, errors and empty buffers complete as Asio's do.
-#include "sluice/common/drain_aware_read.hpp"
+#include "sluice/http/drain_aware_read.hpp"
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>
@@ -22,14 +22,14 @@
 
 // Counts recvmsg calls on one descriptor: the system calls these reads make.
 namespace {
-std::atomic<int> counted_descriptor{-1};
-std::atomic<int> counted_calls{0};
+std::atomic<int> recvmsg_descriptor{-1};
+std::atomic<int> counted_recvmsgs{0};
 }  // namespace
 
 extern "C" ssize_t recvmsg(int descriptor, msghdr* message, int flags) {
   using Real = ssize_t (*)(int, msghdr*, int);
   static const auto real = reinterpret_cast<Real>(dlsym(RTLD_NEXT, "recvmsg"));
-  if (descriptor == counted_descriptor.load()) ++counted_calls;
+  if (descriptor == recvmsg_descriptor.load()) ++counted_recvmsgs;
   return real(descriptor, message, flags);
 }
 
@@ -72,11 +72,11 @@ void wait_until_queued(tcp::socket& socket, std::size_t bytes) {
 
 struct Counting {
   explicit Counting(tcp::socket& socket) {
-    counted_calls = 0;
-    counted_descriptor = socket.native_handle();
+    counted_recvmsgs = 0;
+    recvmsg_descriptor = socket.native_handle();
   }
-  ~Counting() { counted_descriptor = -1; }
-  int calls() const { return counted_calls.load(); }
+  ~Counting() { recvmsg_descriptor = -1; }
+  int calls() const { return counted_recvmsgs.load(); }
 };
 
 // Reads `first` as the gateway does (the read waits, then the bytes arrive),

@@ -10,8 +10,8 @@
 #include <cstddef>
 #include <tuple>
 
-#include "sluice/common/errors.hpp"
-#include "sluice/common/socket_deadline.hpp"
+#include "sluice/http/network_errors.hpp"
+#include "sluice/http/socket_deadline.hpp"
 
 namespace sluice {
 
