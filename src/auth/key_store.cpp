@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstring>
 
+#include "sluice/common/ascii.hpp"
+
 namespace sluice::auth {
 namespace {
 
@@ -18,17 +20,6 @@ std::string_view trim_spaces(std::string_view text) {
   while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
   return text;
 }
-
-bool equals_ignoring_ascii_case(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
-           return lower(x) == lower(y);
-         });
-}
-
-}  // namespace
-
-namespace {
 
 std::uint64_t next_store_id() {
   static std::atomic<std::uint64_t> last{0};
@@ -118,7 +109,7 @@ std::optional<std::string_view> bearer_token(std::string_view authorization) {
   constexpr std::string_view kScheme = "bearer";
   authorization = trim_spaces(authorization);
   if (authorization.size() <= kScheme.size()) return std::nullopt;
-  if (!equals_ignoring_ascii_case(authorization.substr(0, kScheme.size()), kScheme)) {
+  if (!iequals(authorization.substr(0, kScheme.size()), kScheme)) {
     return std::nullopt;
   }
   std::string_view rest = authorization.substr(kScheme.size());
