@@ -1,90 +1,14 @@
 #pragma once
 
 #include <boost/asio/awaitable.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
-#include <memory>
-#include <optional>
-#include <string>
-#include <vector>
 
-#include "sluice/common/clock.hpp"
-#include "sluice/common/result.hpp"
-#include "sluice/http/socket_deadline.hpp"
-#include "sluice/metrics/access_log.hpp"
-#include "sluice/metrics/gap_tracker.hpp"
-#include "sluice/metrics/trace_context.hpp"
-#include "sluice/openai/api_error.hpp"
-#include "sluice/server/client_request.hpp"
-#include "sluice/server/gateway.hpp"
-#include "sluice/stream/client_watch.hpp"
-#include "sluice/stream/relay.hpp"
-#include "sluice/stream/sse_scanner.hpp"
+#include "sluice/server/request_context.hpp"
 
 namespace sluice::server {
 
-// Strings a client connection lends to each of its requests in turn: cleared
-// rather than freed between them, so that a request on a kept-alive
-// connection allocates none of them.
-struct ConnectionStrings {
-  std::string request_id;       // RequestContext::request_id
-  std::string response_fields;  // RequestContext::response_fields
-  std::string upstream_fields;  // the gateway's lines every attempt forwards
-
-  // Empties them for the next request; one that grew past a typical head's
-  // size is let go, so an idle connection holds little.
-  void reset();
-};
-
-// What every stage reads and fills in for one request.
-struct RequestContext {
-  Worker& worker;
-  std::shared_ptr<const Snapshot> snapshot;
-  ClientRequest& request;
-  boost::asio::ip::tcp::socket& client;
-  SocketDeadline& client_deadline;        // the connection's; disarmed while no wait needs it
-  stream::Relay::Buffers& relay_buffers;  // lent by the worker for the connection
-  stream::ClientWatch& watch;             // the connection's, started for each proxied request
-  auth::KeyMemo& key_memo;                // the key the connection presented last
-  ConnectionStrings& strings;             // the connection's, reset for this request
-  bool keep_alive = true;
-
-  std::string& request_id = strings.request_id;
-  // When the request's first bytes were seen (for one read whole at once,
-  // when that read was parsed): idle time before it is the connection's.
-  TimePoint head_started{};
-  TimePoint body_read{};
-  // When the proxied answer ended; one reading of the clock serves the
-  // router, the rate limits and the access log.
-  TimePoint answered_at{};
-
-  // Filled by the stages.
-  const auth::KeyPolicy* key = nullptr;  // who is calling (auth on)
-  // "Name: value\r\n" lines every response to this request carries
-  // (rate-limit headers, timing).
-  std::string& response_fields = strings.response_fields;
-  const config::Model* model = nullptr;
-  bool stream = false;
-  unsigned attempts = 0;
-  std::optional<std::uint64_t> usage_tokens{};  // prompt + completion, as the upstream reported
-  std::optional<stream::Usage> usage{};
-
-  // Observability: the access-log record the stages fill in, the trace, and
-  // the time spent in sluice's own code (not waiting on upstream or client).
-  metrics::RequestRecord record{};
-  metrics::TraceContext trace{};
-  metrics::GapTracker gaps{};
-  std::chrono::nanoseconds gateway_time{0};
-  std::optional<std::chrono::nanoseconds> upstream_ttfb{};
-  std::optional<std::chrono::nanoseconds> upstream_connect{};
-  bool timing_sent = false;
-  bool client_gone = false;  // a Server-Timing header went out already
-  const config::Deployment* answered = nullptr;
-  std::string deployment_id{};
-};
-
-// The only place that knows the order of the stages: route the path, parse
-// and check the body, plan the upstream attempts, send, relay.
+// The only place that knows the order of the phases a request goes through:
+//   resolve → authorize → shape → cache lookup → forward → respond → account
+// Each phase is a file of its own in this folder.
 class Pipeline {
  public:
   // Returns whether the client connection may serve another request.
@@ -93,26 +17,6 @@ class Pipeline {
  private:
   // The bookkeeping around every request: trace, metrics, access log.
   static void begin(RequestContext& context);
-  static void end(RequestContext& context, bool keep);
 };
-
-// Writes a complete response with any body / a JSON body.
-boost::asio::awaitable<bool> respond_body(RequestContext& context, unsigned status,
-                                          std::string_view content_type, std::string_view body,
-                                          std::string_view extra_fields = {});
-boost::asio::awaitable<bool> respond_json(RequestContext& context, unsigned status,
-                                          std::string_view body,
-                                          std::string_view extra_fields = {});
-boost::asio::awaitable<bool> respond_error(RequestContext& context, const ApiError& error,
-                                           std::string_view extra_fields = {});
-
-// A request of sluice's own to `model` (e.g. an embedding for the semantic
-// cache), routed and retried across the model's deployments like a client's
-// and sent over the worker's pool, without hedging. The body is
-// `{"model":<upstream name>` followed by `body_after_model`; the answer is
-// the 2xx body read whole.
-boost::asio::awaitable<Result<std::string, ApiError>> internal_post(
-    RequestContext& context, const config::Model& model, std::string_view endpoint,
-    std::string_view body_after_model);
 
 }  // namespace sluice::server

@@ -1,4 +1,4 @@
-#include "sluice/server/cache_step.hpp"
+#include "sluice/server/cache_lookup.hpp"
 
 #include <spdlog/spdlog.h>
 #include <algorithm>
@@ -8,6 +8,9 @@
 #include "sluice/cache/replay.hpp"
 #include "sluice/common/json_scan.hpp"
 #include "sluice/http/http_head.hpp"
+#include "sluice/server/forward.hpp"
+#include "sluice/server/phases.hpp"
+#include "sluice/server/respond.hpp"
 
 namespace sluice::server {
 
@@ -57,10 +60,12 @@ net::awaitable<std::vector<float>> embed_query(RequestContext& context,
 
 }  // namespace
 
-net::awaitable<std::optional<bool>> answer_from_cache(RequestContext& context,
-                                                      std::string_view endpoint,
-                                                      const RequestBody& inspected,
-                                                      CacheStep& step) {
+// A request may be cached when it says so (`cache: true`), or by default
+// with `temperature: 0`, and carries no `Cache-Control: no-cache`.
+net::awaitable<std::optional<bool>> look_up_cache(RequestContext& context, RequestJob& job) {
+  const auto endpoint = job.route.endpoint;
+  const auto& inspected = job.resolution.inspected;
+  auto& step = job.cache_step;
   auto* cache = context.snapshot->caches->find(context.model->name);
   if (!cache) co_return std::nullopt;
   auto cached_endpoint = cache::cached_endpoint(endpoint);
@@ -104,6 +109,9 @@ net::awaitable<std::optional<bool>> answer_from_cache(RequestContext& context,
     context.response_fields.append("x-sluice-cache: miss\r\n");
     co_return std::nullopt;
   }
+  // Nothing was spent upstream: the request counts against rpm, its tokens
+  // are not charged.
+  job.answered_by = AnsweredBy::cache;
   std::string fields = "x-sluice-cache: hit\r\n";
   context.record.cache = "hit";
   if (similarity) {

@@ -8,11 +8,11 @@
 
 #include "sluice/cache/request_key.hpp"
 #include "sluice/cache/response_cache.hpp"
-#include "sluice/openai/request_body.hpp"
-#include "sluice/server/pipeline.hpp"
+#include "sluice/config/config.hpp"
+#include "sluice/server/request_context.hpp"
 
-// The cache stage between auth and the router: answers a hit, and keeps a
-// cacheable miss's response once it has been relayed.
+// The cache lookup phase, between shape and forward: answers a hit, and
+// keeps a cacheable miss's response once it has been relayed.
 namespace sluice::server {
 
 // Responses larger than this are relayed but never cached.
@@ -30,15 +30,11 @@ struct CacheStep {
   std::string captured;
 };
 
-// Looks the request up when its model has a cache (the caller checks the
-// mode first, so models without one pay nothing) and the request may be
-// cached (`temperature: 0` or `cache: true`, no `Cache-Control: no-cache`).
-// A hit is answered here and the result says whether the connection may be
-// kept; nullopt means go on upstream.
-boost::asio::awaitable<std::optional<bool>> answer_from_cache(RequestContext& context,
-                                                              std::string_view endpoint,
-                                                              const RequestBody& inspected,
-                                                              CacheStep& step);
+// Whether the model has a cache: only then does the lookup run (a
+// coroutine, whose frame the others never allocate).
+inline bool has_cache(const config::Model& model) {
+  return model.cache.mode != config::Cache::Mode::off;
+}
 
 // Stores the answer of a cacheable miss; the caller has seen it was a 200,
 // read to its end with nothing dropped from the capture.

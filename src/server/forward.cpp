@@ -1,0 +1,295 @@
+#include "sluice/server/forward.hpp"
+
+#include <spdlog/spdlog.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <nlohmann/json.hpp>
+
+#include "sluice/metrics/server_timing.hpp"
+#include "sluice/server/attempts.hpp"
+#include "sluice/server/phases.hpp"
+#include "sluice/server/respond.hpp"
+#include "sluice/stream/relay.hpp"
+
+namespace sluice::server {
+
+namespace net = boost::asio;
+using namespace std::string_view_literals;
+
+ForwardedRequest forwarded_request(const ForwardingInputs& inputs, ForwardingStorage& storage) {
+  const auto& resolution = inputs.resolution;
+  const auto& inspected = resolution.inspected;
+  const auto body = resolution.body();
+  ForwardedRequest forwarded;
+  forwarded.endpoint = inputs.endpoint;
+  forwarded.query = inputs.query;
+  forwarded.cache_step = inputs.cache_step;
+  if (inspected.form_data) {
+    // A form is forwarded as it came but for the model field's value.
+    const auto model = *inspected.model_value;
+    forwarded.form_data = true;
+    forwarded.body_prefix = body.substr(0, model.begin);
+    forwarded.body_suffix = body.substr(model.end);
+    return forwarded;
+  }
+  // `cache` is sluice's own field, never sent upstream; a body without it is
+  // forwarded as it came.
+  std::string_view sent = body;
+  if (inspected.has_cache_field) {
+    auto json = nlohmann::json::parse(body);
+    json.erase("cache");
+    storage.without_cache_field =
+        json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    sent = storage.without_cache_field;
+  }
+  // The model's place, as inspected, holds only in the body as received.
+  const auto splice = splice_model(
+      sent, storage.respliced,
+      sent.data() == inputs.received_body.data() ? inspected.model_value : std::nullopt);
+  forwarded.body_prefix = splice.before_model;
+  forwarded.body_suffix = splice.after_model;
+  forwarded.body_closing = splice.closing;
+
+  // Ask the upstream for the usage chunk when the client did not, and keep
+  // that chunk from the client.
+  constexpr std::string_view kIncludeUsage = R"(,"stream_options":{"include_usage":true})";
+  const bool wants_usage =
+      inputs.needs_usage && inputs.stream && !inspected.has_stream_options &&
+      (inputs.endpoint == "/chat/completions" || inputs.endpoint == "/completions");
+  if (wants_usage) {
+    forwarded.body_addition = kIncludeUsage;
+    forwarded.strip_usage_only_chunks = true;
+  }
+  return forwarded;
+}
+
+namespace {
+
+// The lines the gateway adds to what the attempts forward: the request id
+// and the next hop of its trace, in the connection's string for them.
+std::string_view gateway_fields_for(RequestContext& context) {
+  auto next_random = [&worker = context.worker] { return worker.next_random(); };
+  auto& fields = context.strings.upstream_fields;
+  fields.clear();
+  fields.append("x-request-id: "sv).append(context.request_id).append("\r\n"sv);
+  fields.append("traceparent: "sv);
+  metrics::next_hop(context.trace, next_random).append_traceparent(fields);
+  fields.append("\r\n"sv);
+  return fields;
+}
+
+// The attempts' tally becomes the request's: its answer's headers, metrics
+// and access-log line.
+void take_tally(RequestContext& context, AttemptTally& tally) {
+  context.attempts = tally.count;
+  context.deployment_id = std::move(tally.deployment_id);
+  context.record.attempts = std::move(tally.records);
+  context.answered = tally.answered;
+  if (tally.answered) context.record.deployment = tally.answered->id;
+  if (tally.hedge_won) context.record.tags.push_back("hedge:won");
+}
+
+net::awaitable<bool> respond_failure(RequestContext& context, const FailedAttempt& failed) {
+  if (failed.gateway_error) co_return co_await respond_error(context, *failed.gateway_error);
+  std::string retry_after;
+  if (failed.retry_after) {
+    auto seconds = std::chrono::duration_cast<std::chrono::seconds>(*failed.retry_after).count();
+    retry_after.append("Retry-After: ").append(std::to_string(seconds)).append("\r\n");
+  }
+  co_return co_await respond_body(context, failed.status, failed.content_type, failed.body,
+                                  retry_after);
+}
+
+// No attempt produced a usable head: the client gets the last failure, or,
+// when no attempt could be made, an overload error. A coroutine of its own,
+// so that forward's frame does not carry the answers' slots.
+net::awaitable<bool> answer_without_winner(RequestContext& context,
+                                           const FailedAttempt* last_failure) {
+  if (last_failure) co_return co_await respond_failure(context, *last_failure);
+  // Every deployment is at its limits.
+  co_return co_await respond_error(
+      context,
+      ApiError::overloaded("No deployment of model `" + context.model->name +
+                           "` can take the request now (all at max_parallel or rpm)."),
+      "Retry-After: 1\r\n");
+}
+
+// The upstream broke between its head and its first body byte: the client
+// has seen nothing yet, so it still gets a proper error.
+net::awaitable<bool> respond_broken_upstream(RequestContext& context,
+                                             const config::Deployment& deployment,
+                                             const upstream::UpstreamError& error) {
+  std::string message = "Upstream deployment " + deployment.id + " failed: " + error.describe();
+  // Built before the co_await: GCC 12 miscompiles a ?: temporary in the
+  // arguments of an awaited call (it freed an invalid pointer here).
+  const ApiError api_error = error.is_timeout()
+                                 ? ApiError::upstream_timeout(std::move(message))
+                                 : ApiError::upstream_unreachable(std::move(message));
+  co_return co_await respond_error(context, api_error);
+}
+
+// Relays the winner's response to the client and settles the attempt.
+net::awaitable<bool> relay_answer(RequestContext& context, const ForwardedRequest& inputs,
+                                  router::Plan& plan, AttemptTask& winner,
+                                  stream::ClientWatch& watch) {
+  auto& exchange = *winner.result->value();
+  const auto& deployment = *winner.attempt.deployment;
+  const auto& timing = exchange.timing();
+  context.upstream_ttfb = timing.first_byte - timing.sent;
+  if (!timing.reused) context.upstream_connect = timing.secured - timing.started;
+  // sluice's own time: before the request went upstream, and from the
+  // response head to the first write to the client (measured by the relay
+  // below; Server-Timing reports it up to here).
+  context.gateway_time += winner.limits.started - context.body_read;
+  // The relayed answer's own lines go after the ones the stages added, in the
+  // same string: room for all of them at once.
+  context.response_fields.reserve(kTypicalResponseFieldBytes);
+  metrics::render_server_timing(context.response_fields,
+                                {context.gateway_time + (Clock::now() - timing.first_byte),
+                                 context.upstream_connect, context.upstream_ttfb});
+  context.timing_sent = true;
+
+  watch.watch(&winner.abort_handle);
+  stream::Relay relay(context.client, context.client_deadline, context.relay_buffers,
+                      context.snapshot->config->server.write_timeout);
+  stream::RelayOptions relay_options;
+  relay_options.strip_usage_only_chunks = inputs.strip_usage_only_chunks;
+  relay_options.client_reads_chunks = context.request.version() >= 11;
+  relay_options.gaps = &context.gaps;
+  relay_options.gap_histogram = context.snapshot->metrics->model(*context.model).inter_token_gap;
+  relay_options.shard = context.worker.index();
+  if (inputs.cache_step) {
+    relay_options.capture = &inputs.cache_step->captured;
+    relay_options.capture_limit = kMaxCachedResponseBytes;
+    // Stored before the client has the whole answer, so asking again at
+    // once is a hit.
+    relay_options.on_upstream_complete = [&step = *inputs.cache_step,
+                                          &exchange](const stream::RelayOutcome& so_far) {
+      if (!so_far.capture_overflowed && exchange.status() == 200) {
+        remember_response(step, exchange.is_event_stream());
+      }
+    };
+  }
+  append_request_fields(context.response_fields, context);
+  auto outcome =
+      co_await relay.run(exchange, context.response_fields, context.keep_alive, relay_options);
+  if (outcome.first_write != TimePoint{}) {
+    context.gateway_time += outcome.first_write - timing.first_byte;
+    context.record.ttft_ms = to_ms(outcome.first_write - context.head_started);
+  }
+  context.record.status = exchange.status();
+  context.record.bytes_out = outcome.bytes_out;
+  if (outcome.usage) {
+    context.usage = outcome.usage;
+    context.usage_tokens = outcome.usage->total_tokens;
+  }
+  watch.unwatch(&winner.abort_handle);
+  const auto finished_at = Clock::now();
+  exchange.note_finished(finished_at);
+  // A client that left, or stopped reading, cut the response short: that
+  // is no outcome of the deployment. An upstream that broke is, even if the
+  // client then missed the error event.
+  const bool upstream_broke =
+      outcome.upstream_error && outcome.upstream_error->failure != upstream::Failure::aborted;
+  if (!outcome.complete && !upstream_broke && (outcome.client_failed || watch.client_gone())) {
+    plan.left_by_client(winner.attempt);
+  } else {
+    plan.finish(winner.attempt, outcome.complete,
+                std::chrono::duration_cast<router::Micros>(finished_at - winner.limits.started),
+                finished_at);
+  }
+  if (outcome.nothing_sent && outcome.upstream_error && !watch.client_gone()) {
+    co_return co_await respond_broken_upstream(context, deployment, *outcome.upstream_error);
+  }
+  context.answered_at = finished_at;
+  co_return outcome.complete&& context.keep_alive && !outcome.close_delimited;
+}
+
+// Whether the forwarded stream needs the upstream's usage chunk: for a key
+// with a token budget, and for a cache entry that may be replayed to a
+// client asking for it.
+bool needs_usage(const RequestContext& context, const RequestJob& job) {
+  return (context.key && context.key->limits.tpm > 0) || job.cache_step.cache != nullptr;
+}
+
+// Runs the plan's attempts and relays the winner's answer; without one, the
+// client gets the last failure. (A coroutine of its own, so that a held
+// stream's frames keep only what the relay needs.)
+net::awaitable<bool> attempt_and_relay(RequestContext& context, const ForwardedRequest& forwarded,
+                                       stream::ClientWatch& watch) {
+  auto plan =
+      context.snapshot->router->plan(*context.model, context.stream, context.worker.next_random());
+  AttemptTally tally;
+  auto outcome = co_await run_attempts(context, {forwarded, plan, &watch, true, tally});
+  take_tally(context, tally);
+  if (outcome.client_gone) co_return false;
+  if (!outcome.winner) {
+    co_return co_await answer_without_winner(context, outcome.last_failure.get());
+  }
+  co_return co_await relay_answer(context, forwarded, plan, *outcome.winner, watch);
+}
+
+}  // namespace
+
+net::awaitable<bool> forward(RequestContext& context, RequestJob& job) {
+  job.answered_by = AnsweredBy::upstream;
+  const auto& request = context.request;
+  job.forwarded = forwarded_request(
+      {job.resolution, job.route.endpoint, job.route.query, request.body(), context.stream,
+       needs_usage(context, job), job.cache_step.cache ? &job.cache_step : nullptr},
+      job.forwarding_storage);
+  job.forwarded.client_fields = request.forwarded_fields();
+  job.forwarded.gateway_fields = gateway_fields_for(context);
+
+  auto& watch = context.watch;
+  watch.start();
+  bool keep = co_await attempt_and_relay(context, job.forwarded, watch);
+  watch.stop();
+  context.client_gone = watch.client_gone();
+  co_return keep && !context.client_gone;
+}
+
+net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& context,
+                                                            const config::Model& model,
+                                                            std::string_view endpoint,
+                                                            std::string_view body_after_model) {
+  constexpr std::size_t kMaxInternalBody = std::size_t{16} * 1024 * 1024;
+  ForwardedRequest forwarded;
+  forwarded.endpoint = endpoint;
+  const std::string added_fields =
+      "Content-Type: application/json\r\nx-request-id: " + context.request_id + "\r\n";
+  forwarded.gateway_fields = added_fields;
+  forwarded.body_prefix = R"({"model":)";
+  forwarded.body_suffix = body_after_model;
+  auto plan = context.snapshot->router->plan(model, false, context.worker.next_random());
+  // Its attempts are its own, not the client request's: they stay out of
+  // that request's headers and access-log line.
+  AttemptTally tally;
+  std::string failure = "no deployment of model `" + model.name + "` can take the request now";
+  for (;;) {
+    auto outcome = co_await run_attempts(context, {forwarded, plan, nullptr, false, tally});
+    if (!outcome.winner) {
+      if (const auto* failed = outcome.last_failure.get()) {
+        failure = failed->gateway_error ? failed->gateway_error->message
+                                        : "deployment " + tally.deployment_id + " answered " +
+                                              std::to_string(failed->status);
+      }
+      break;
+    }
+    // A winner whose body breaks off is a failure the plan may retry.
+    auto& winner = *outcome.winner;
+    std::string body;
+    const bool complete = co_await read_body_into(
+        winner.exchange(), context.relay_buffers.copy_buffer(), kMaxInternalBody, body);
+    const auto finished_at = Clock::now();
+    plan.finish(winner.attempt, complete,
+                std::chrono::duration_cast<router::Micros>(finished_at - winner.limits.started),
+                finished_at);
+    if (complete) co_return body;
+    failure = "deployment " + tally.deployment_id + ": the response broke off or was too large";
+    if (!plan.can_retry()) break;
+  }
+  co_return ApiError::upstream_unreachable(std::move(failure));
+}
+
+}  // namespace sluice::server
