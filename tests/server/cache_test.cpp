@@ -377,5 +377,41 @@ TEST_F(SemanticCache, AFailingEmbeddingModelMakesAnOrdinaryMiss) {
       << "the exact match still works";
 }
 
+// The embedding request goes through the same attempts as a client's: a
+// broken deployment of the embedding model is failed over and, once it has
+// failed `cooldown.fails` times, left alone; none of it shows in the client
+// request's own attempts.
+TEST_F(SemanticCache, TheEmbeddingRequestFailsOverAndCoolsABrokenDeploymentDown) {
+  mock::Behaviour broken_behaviour;
+  broken_behaviour.fail = "500";
+  auto broken = start_mock(broken_behaviour);
+  TestGateway gateway(
+      "router:\n  cooldown: {fails: 1, within: 60s, for: 60s}\n  backoff: {base: 1ms, max: 1ms}\n"
+      "models:\n  - name: chat\n    cache: {mode: semantic, semantic: {embedding_model: embed, "
+      "threshold: 0.95}}\n    deployments:\n" +
+      deployment_yaml("d1", chat_->base_url()) +
+      "  - name: embed\n    strategy: priority\n    deployments:\n" +
+      deployment_yaml("e-broken", broken->base_url()) +
+      deployment_yaml("e1", embedder_->base_url()));
+
+  auto first = ask(gateway, question("What is the capital of France?"));
+  ASSERT_EQ(first.status, 200u);
+  EXPECT_EQ(first.header("x-sluice-cache"), "miss");
+  EXPECT_EQ(broken->stats().requests, 1u);
+  EXPECT_EQ(embedder_->stats().requests, 1u) << "the failed embedding was retried on e1";
+  EXPECT_EQ(first.header("x-sluice-attempts"), "1") << "the embedding's attempts are its own";
+  EXPECT_EQ(first.header("x-sluice-deployment"), "d1");
+
+  auto rephrased = ask(gateway, question("France: the capital of, what is?"));
+  EXPECT_EQ(rephrased.header("x-sluice-cache"), "hit");
+  EXPECT_EQ(broken->stats().requests, 1u) << "e-broken cools down after its failure";
+  EXPECT_EQ(embedder_->stats().requests, 2u);
+
+  auto routes = http_request(gateway.gateway().admin_port(), "GET", "/admin/routes");
+  auto embed = json::parse(routes.body)["models"][1]["deployments"][0];
+  EXPECT_EQ(embed["id"], "e-broken") << embed;
+  EXPECT_EQ(embed["cooling_down"], true) << embed;
+}
+
 }  // namespace
 }  // namespace sluice::testing
