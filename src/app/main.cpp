@@ -11,6 +11,7 @@
 #include "sluice/common/logging.hpp"
 #include "sluice/common/version.hpp"
 #include "sluice/config/config.hpp"
+#include "sluice/protocol/adapters.hpp"
 #include "sluice/server/gateway.hpp"
 
 #if SLUICE_WITH_MIMALLOC
@@ -66,6 +67,7 @@ int check_config(const std::string& path) {
   try {
     auto config = sluice::config::load_file(path);
     sluice::config::require_auth_or_explicit_opt_out(*config);
+    sluice::protocol::check_providers(*config);
     std::printf("%s: ok (%zu models)\n", path.c_str(), config->models.size());
     return 0;
   } catch (const sluice::config::ConfigError& error) {

@@ -976,8 +976,9 @@ void Loader::check_model_references(const Config& config,
 
 Deployment Loader::read_deployment(const Located& at, const std::string& model_name,
                                    std::size_t deployment_index) {
-  MappingReader map(at, {"id", "base_url", "api_key", "model", "headers", "timeouts", "tls_verify",
-                         "ca_file", "weight", "max_parallel", "rpm", "warm_connections"});
+  MappingReader map(
+      at, {"id", "base_url", "api_key", "model", "headers", "timeouts", "tls_verify", "ca_file",
+           "weight", "max_parallel", "rpm", "warm_connections", "provider"});
   if (!at.node.IsMap()) fail(at, std::string("expected a mapping, got ") + type_name(at.node));
 
   Deployment deployment;
@@ -1021,6 +1022,15 @@ Deployment Loader::read_deployment(const Located& at, const std::string& model_n
   // More than this per thread is a typo, not a pool.
   if (auto value = map.get("warm_connections")) {
     deployment.warm_connections = read_uint(*value, 0, 1024);
+  }
+  // Which providers exist is known only above this stage (protocol/): the
+  // name is checked there, at start-up, reload and --check-config, against
+  // the place recorded here.
+  deployment.provider_at =
+      join_path(at.path, "provider") + " (line " + std::to_string(at.line) + ")";
+  if (auto value = map.get("provider")) {
+    deployment.provider = read_non_empty_string(*value);
+    deployment.provider_at = value->path + " (line " + std::to_string(value->line) + ")";
   }
   return deployment;
 }

@@ -121,12 +121,17 @@ void prepare_attempt(const RequestContext& context, const ForwardedRequest& inpu
                          inputs.body_suffix, inputs.body_addition, inputs.body_closing}};
   task.limits = upstream::Limits{deployment.timeouts.connect, deployment.timeouts.ttft,
                                  deployment.timeouts.idle, now + deployment.timeouts.total, now};
+  const auto& adapter = *task.wiring->adapter;
+  if (!adapter.passes_through()) {
+    task.refused_by_adapter = adapter.adapt_request(task.request, task.adapted);
+  }
 }
 
 void launch(RequestContext& context, const ForwardedRequest& inputs, AttemptTask& task,
             const router::Attempt& attempt, TimePoint now, stream::ClientWatch* watch,
             net::steady_timer& wakeup) {
   prepare_attempt(context, inputs, task, attempt, now);
+  if (task.refused_by_adapter) return;
   task.running = true;
   if (watch) watch->watch(&task.abort_handle);
   // The snapshot the request holds keeps the origin alive for the attempt.
@@ -159,6 +164,16 @@ net::awaitable<void> settle_failure(RequestContext& context, router::Plan& plan,
   failed = {};
   const auto& deployment = *task.attempt.deployment;
   tally.deployment_id = deployment.id;
+  if (task.refused_by_adapter) {
+    // The request is one this deployment's protocol cannot carry: no fault
+    // of the deployment's, and no other attempt would fare better with it.
+    tally.records.push_back(
+        {deployment.id, "refused_by_adapter", std::nullopt, std::nullopt, std::nullopt, false});
+    plan.abandon(task.attempt);
+    failed.kind = router::ResultKind::client_error;
+    failed.gateway_error = std::move(task.refused_by_adapter);
+    co_return;
+  }
   auto& result = *task.result;
   if (!result) {
     const auto& error = result.error();
@@ -342,10 +357,12 @@ net::awaitable<AttemptsOutcome> run_attempts(RequestContext& context, AttemptsCa
       // which spares a spawn and a wake-up per request.
       auto& task = *tasks[0];
       prepare_attempt(context, call.request, task, *attempt, now);
-      if (watch) watch->watch(&task.abort_handle);
-      task.result.emplace(co_await context.worker.client().start(task.wiring->origin, task.request,
-                                                                 task.limits, task.abort_handle));
-      if (task.has_usable_head()) winner = &task;
+      if (!task.refused_by_adapter) {
+        if (watch) watch->watch(&task.abort_handle);
+        task.result.emplace(co_await context.worker.client().start(
+            task.wiring->origin, task.request, task.limits, task.abort_handle));
+        if (task.has_usable_head()) winner = &task;
+      }
     } else {
       launch(context, call.request, *tasks[0], *attempt, now, watch, wakeup());
       hedge_at = tasks[0]->limits.started + *attempt->hedge_after;

@@ -10,6 +10,7 @@
 #include "sluice/server/phases.hpp"
 #include "sluice/server/respond.hpp"
 #include "sluice/stream/relay.hpp"
+#include "sluice/stream/translating_relay.hpp"
 
 namespace sluice::server {
 
@@ -128,6 +129,18 @@ net::awaitable<bool> respond_broken_upstream(RequestContext& context,
   co_return co_await respond_error(context, api_error);
 }
 
+// Relays the winner's answer through its deployment's protocol adapter
+// (a coroutine of its own: answers that pass through never allocate its
+// frame).
+net::awaitable<stream::RelayOutcome> relay_translated(RequestContext& context, AttemptTask& winner,
+                                                      const stream::RelayOptions& options) {
+  auto translator = winner.wiring->adapter->translate_answer();
+  stream::TranslatingRelay relay(context.client, context.client_deadline, context.relay_buffers,
+                                 context.snapshot->config->server.write_timeout);
+  co_return co_await relay.run(winner.exchange(), *translator, context.response_fields,
+                               context.keep_alive, options);
+}
+
 // Relays the winner's response to the client and settles the attempt.
 net::awaitable<bool> relay_answer(RequestContext& context, const ForwardedRequest& inputs,
                                   router::Plan& plan, AttemptTask& winner,
@@ -150,8 +163,6 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ForwardedReques
   context.timing_sent = true;
 
   watch.watch(&winner.abort_handle);
-  stream::Relay relay(context.client, context.client_deadline, context.relay_buffers,
-                      context.snapshot->config->server.write_timeout);
   stream::RelayOptions relay_options;
   relay_options.strip_usage_only_chunks = inputs.strip_usage_only_chunks;
   relay_options.client_reads_chunks = context.request.version() >= 11;
@@ -171,8 +182,15 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ForwardedReques
     };
   }
   append_request_fields(context.response_fields, context);
-  auto outcome =
-      co_await relay.run(exchange, context.response_fields, context.keep_alive, relay_options);
+  stream::RelayOutcome outcome;
+  if (winner.wiring->adapter->passes_through()) {
+    stream::Relay relay(context.client, context.client_deadline, context.relay_buffers,
+                        context.snapshot->config->server.write_timeout);
+    outcome =
+        co_await relay.run(exchange, context.response_fields, context.keep_alive, relay_options);
+  } else {
+    outcome = co_await relay_translated(context, winner, relay_options);
+  }
   if (outcome.first_write != TimePoint{}) {
     context.gateway_time += outcome.first_write - timing.first_byte;
     context.record.ttft_ms = to_ms(outcome.first_write - context.head_started);

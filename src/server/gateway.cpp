@@ -20,6 +20,7 @@
 
 #include "sluice/common/json_scan.hpp"
 #include "sluice/http/relay_socket.hpp"
+#include "sluice/protocol/adapters.hpp"
 #include "sluice/server/admin.hpp"
 #include "sluice/server/internal_errors.hpp"
 #include "sluice/server/model_list.hpp"
@@ -56,8 +57,9 @@ std::shared_ptr<const Snapshot> Snapshot::build(config::ConfigPtr config,
       std::string model_literal;
       append_json_string(model_literal, deployment.upstream_model);
       snapshot->deployments.emplace(
-          &deployment, Snapshot::DeploymentWiring{upstream::Origin::from(deployment),
-                                                  std::move(fields), std::move(model_literal)});
+          &deployment,
+          Snapshot::DeploymentWiring{upstream::Origin::from(deployment), std::move(fields),
+                                     std::move(model_literal), protocol::make_adapter(deployment)});
     }
   }
   snapshot->config = std::move(config);

@@ -53,6 +53,11 @@ struct Deployment {
   // Idle connections each event-loop thread keeps open to this deployment,
   // so a first request pays no TCP/TLS handshake; 0 = none.
   unsigned warm_connections = 1;
+  // The wire protocol the upstream speaks, by the name its adapter is
+  // registered under (protocol/adapters.cpp); "openai" passes requests and
+  // answers through as they are.
+  std::string provider = "openai";
+  std::string provider_at;  // "models[0].deployments[1].provider (line 12)", for errors
 };
 
 enum class Strategy { latency, round_robin, weighted, least_busy, priority };

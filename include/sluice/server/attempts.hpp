@@ -40,6 +40,10 @@ struct AttemptTask {
   // The client's fields without those the deployment sets itself, when the
   // client sent any of them.
   std::string client_fields;
+  // What the deployment's protocol adapter rewrote of the request; or why
+  // it could not, in which case the attempt was not made.
+  std::string adapted;
+  std::optional<ApiError> refused_by_adapter;
   TimePoint stopped{};  // when the other attempt's answer stopped this one
   // Thrown in the attempt's own coroutine: the request rethrows it.
   std::exception_ptr escaped;

@@ -20,6 +20,7 @@
 #include "sluice/metrics/access_log.hpp"
 #include "sluice/metrics/gateway_metrics.hpp"
 #include "sluice/metrics/registry.hpp"
+#include "sluice/protocol/adapter.hpp"
 #include "sluice/router/router.hpp"
 #include "sluice/server/event_loop.hpp"
 #include "sluice/stream/relay.hpp"
@@ -39,12 +40,13 @@ struct Snapshot {
   std::string models_json;                // GET /v1/models, rendered once
   // What each deployment of `config` needs per request, made once rather
   // than per request: where it connects (pool key, Host value), the header
-  // lines it adds (its `headers` and its key) and the model name it is sent
-  // as a JSON string literal.
+  // lines it adds (its `headers` and its key), the model name it is sent
+  // as a JSON string literal, and the adapter of the protocol it speaks.
   struct DeploymentWiring {
     upstream::Origin origin;
     std::string fields;
     std::string model_literal;
+    std::unique_ptr<const protocol::Adapter> adapter;
   };
   std::unordered_map<const config::Deployment*, DeploymentWiring> deployments;
 
