@@ -3,6 +3,7 @@
 #include <openssl/ssl.h>
 
 #include <algorithm>
+#include <array>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/ssl/host_name_verification.hpp>
@@ -12,7 +13,6 @@
 #include <boost/beast/http/read.hpp>
 #include <span>
 
-#include "sluice/http/drain_aware_read.hpp"
 #include "sluice/http/eager_write.hpp"
 #include "sluice/http/http_head.hpp"
 #include "sluice/http/http_read.hpp"
@@ -26,223 +26,14 @@ namespace http = beast::http;
 using net::as_tuple;
 using net::use_awaitable;
 
-const char* to_string(Failure failure) {
-  switch (failure) {
-    case Failure::dns:
-      return "dns";
-    case Failure::connect:
-      return "connect";
-    case Failure::connect_timeout:
-      return "connect_timeout";
-    case Failure::tls:
-      return "tls";
-    case Failure::send:
-      return "send";
-    case Failure::first_byte_timeout:
-      return "first_byte_timeout";
-    case Failure::no_response:
-      return "no_response";
-    case Failure::bad_response:
-      return "bad_response";
-    case Failure::idle_timeout:
-      return "idle_timeout";
-    case Failure::total_timeout:
-      return "total_timeout";
-    case Failure::body_interrupted:
-      return "body_interrupted";
-    case Failure::aborted:
-      return "aborted";
-  }
-  return "unknown";
-}
-
-std::string UpstreamError::describe() const {
-  std::string text = to_string(failure);
-  if (ec) {
-    text += ": ";
-    text += ec.message();
-  }
-  return text;
-}
-
-void AbortHandle::abort() {
-  aborted_ = true;
-  if (connection_) connection_->close();
-  resolving_.interrupt();
-}
-
-Exchange::Exchange(Pool& pool, Limits limits, AbortHandle& abort_handle)
-    : pool_(pool), limits_(limits), abort_handle_(abort_handle) {
-  reset_parser();
-}
-
-void Exchange::reset_parser() {
-  parser_.emplace();
-  parser_->body_limit(boost::none);  // relayed as it arrives, never held whole
-  parser_->header_limit(64 * 1024);
-}
-
-Exchange::~Exchange() {
-  if (abort_handle_.connection_ == connection_.get()) abort_handle_.connection_ = nullptr;
-  if (!connection_) return;
-  bool reusable = !failed_ && !abort_handle_.aborted() && parser_->is_done() &&
-                  parser_->keep_alive() && connection_->read_buffer().size() == 0 &&
-                  connection_->is_open();
-  if (reusable) {
-    ++connection_->exchanges;
-    connection_->trim_read_buffer();
-    connection_->expires_never();
-    pool_.give_back(std::move(connection_), known_or_now(finished_at_));
-  } else {
-    connection_->close();
-    pool_.note_discarded();
-  }
-}
-
-void Exchange::drop_dead_connection() {
-  abort_handle_.connection_ = nullptr;
-  connection_->close();
-  connection_.reset();
-  pool_.note_discarded();
-}
-
-void Exchange::abort() {
-  failed_ = true;
-  if (connection_) connection_->close();
-}
-
-UpstreamError Exchange::classify(const error_code& ec, bool expecting_head) const {
-  if (abort_handle_.aborted()) return {Failure::aborted, ec};
-  if (ec == beast::error::timeout) {
-    // The socket's expiry was the earlier of the stage limit and the total
-    // deadline; whichever has passed names the failure.
-    if (Clock::now() >= limits_.deadline) return {Failure::total_timeout, ec};
-    return {expecting_head ? Failure::first_byte_timeout : Failure::idle_timeout, ec};
-  }
-  if (expecting_head) {
-    bool got_nothing =
-        !got_interim_ && !parser_->got_some() && connection_->read_buffer().size() == 0;
-    if (got_nothing && (is_benign_network_error(ec) || ec == http::error::end_of_stream)) {
-      return {Failure::no_response, ec};
-    }
-    return {Failure::bad_response, ec};
-  }
-  return {Failure::body_interrupted, ec};
-}
-
 namespace {
 
-// What a read of the body came to: the bytes taken, or 0 once the body is
-// complete (a last piece is returned first); nullopt when there is nothing
-// to return yet.
-std::optional<std::size_t> body_produced(const ResponseParser& parser) {
-  const std::size_t produced = parser.body_taken();
-  if (produced > 0 || parser.is_done()) return produced;
-  return std::nullopt;
-}
+void close_connection(void* connection) { static_cast<Connection*>(connection)->close(); }
+void interrupt_resolve(void* wait) { static_cast<ResolveWait*>(wait)->interrupt(); }
 
 }  // namespace
 
-std::optional<Result<std::size_t, UpstreamError>> Exchange::read_buffered_body(
-    char* data, std::size_t capacity) {
-  parser_->set_body_buffer(data, capacity);
-  return take_buffered_body();
-}
-
-std::optional<Result<std::size_t, UpstreamError>> Exchange::read_buffered_body(
-    std::vector<std::string_view>& views) {
-  parser_->set_body_views(views);
-  return take_buffered_body();
-}
-
-std::optional<Result<std::size_t, UpstreamError>> Exchange::take_buffered_body() {
-  auto& buffered = connection_->read_buffer();
-  while (!parser_->is_done() && buffered.size() > 0) {
-    error_code ec;
-    const std::size_t used = parser_->put(buffered.data(), ec);
-    // Views of the body stay valid: consuming moves no bytes, only the next
-    // read of the socket (prepare) does.
-    buffered.consume(used);
-    // A parser that waits has taken all it can of what is buffered (an
-    // event's chunk leaves the CRLF after its data for the next read).
-    const bool waits = parser_waits(ec);
-    if (waits) ec = {};
-    if (ec) {
-      failed_ = true;
-      return classify(ec, false);
-    }
-    // Pieces that arrived together (chunks, events) leave as one write.
-    if (waits || used == 0 || buffered.size() == 0 || parser_->body_buffer_full()) break;
-  }
-  if (auto produced = body_produced(*parser_)) return *produced;
-  return std::nullopt;
-}
-
-TimePoint Exchange::body_read_deadline() const {
-  return std::min(Clock::now() + limits_.idle, limits_.deadline);
-}
-
-std::optional<Exchange::PlainBodyRead> Exchange::begin_plain_body_read() {
-  auto* socket = connection_->plain_socket();
-  if (socket == nullptr) return std::nullopt;
-  connection_->deadline().expires_at(body_read_deadline());
-  auto& buffered = connection_->read_buffer();
-  // A body of known length (an embedding of tens of kilobytes) is read in
-  // reads as large as what is still to come, not a buffer's worth at a time.
-  const std::size_t room = body_read_room(buffered, parser_->body_bytes_to_come());
-  if (room == 0) return PlainBodyRead{*socket, {}};
-  return PlainBodyRead{*socket, buffered.prepare(room)};
-}
-
-error_code Exchange::settle_plain_body_read(error_code ec, std::size_t bytes) {
-  auto& buffered = connection_->read_buffer();
-  // A read into no room completes at once with nothing.
-  if (!ec && bytes == 0 && read_room(buffered) == 0) return http::error::buffer_overflow;
-  return settle_read(ec, bytes, buffered, *parser_, connection_->deadline());
-}
-
-std::optional<Result<std::size_t, UpstreamError>> Exchange::finish_plain_body_read(
-    error_code ec, std::size_t bytes, char* data, std::size_t capacity) {
-  ec = settle_plain_body_read(ec, bytes);
-  if (!ec) return read_buffered_body(data, capacity);
-  failed_ = true;
-  return classify(ec, false);
-}
-
-std::optional<Result<std::size_t, UpstreamError>> Exchange::finish_plain_body_read(
-    error_code ec, std::size_t bytes, std::vector<std::string_view>& views) {
-  ec = settle_plain_body_read(ec, bytes);
-  if (!ec) return read_buffered_body(views);
-  failed_ = true;
-  return classify(ec, false);
-}
-
-net::awaitable<Result<std::size_t, UpstreamError>> Exchange::read_body(char* data,
-                                                                       std::size_t capacity) {
-  // The caller found nothing buffered to return (read_buffered_body), so
-  // the socket is read first.
-  for (;;) {
-    if (auto plain = begin_plain_body_read()) {
-      auto [read_ec, n] =
-          co_await drain_aware_read_some(plain->socket, plain->room, as_tuple(use_awaitable));
-      if (auto produced = finish_plain_body_read(read_ec, n, data, capacity)) co_return *produced;
-      continue;
-    }
-    // Beast's read parses into the body buffer set here.
-    parser_->set_body_buffer(data, capacity);
-    connection_->expires_at(body_read_deadline());
-    auto [tls_ec, unused] = co_await http::async_read_some(
-        *connection_, connection_->read_buffer(), parser_->beast_parser(), as_tuple(use_awaitable));
-    const error_code ec = tls_ec == http::error::need_buffer ? error_code{} : tls_ec;
-    if (ec) {
-      failed_ = true;
-      co_return classify(ec, false);
-    }
-    if (auto produced = body_produced(*parser_)) co_return *produced;
-  }
-}
-
-net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::connect(
+net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Http1Client::connect(
     const Origin& origin, const Limits& limits, AbortHandle& abort_handle, Timing& timing) {
   auto connect_deadline = std::min(Clock::now() + limits.connect, limits.deadline);
   // An address in the URL is the endpoint itself: no lookup, not even the
@@ -252,8 +43,11 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
   if (origin.address) {
     endpoints = std::span(&*origin.address, 1);
   } else {
-    auto lookup = co_await deps_.dns.resolve(origin.host, origin.port, connect_deadline,
-                                             &abort_handle.resolving_);
+    ResolveWait resolving;
+    abort_handle.stop_with(&interrupt_resolve, &resolving);
+    auto lookup =
+        co_await deps_.dns.resolve(origin.host, origin.port, connect_deadline, &resolving);
+    abort_handle.clear_stop();
     if (abort_handle.aborted()) co_return UpstreamError{Failure::aborted, {}};
     if (!lookup) {
       auto failure =
@@ -274,14 +68,14 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
   } catch (const std::exception&) {
     co_return UpstreamError{Failure::tls, {}};
   }
-  abort_handle.connection_ = connection.get();
+  abort_handle.stop_with(&close_connection, connection.get());
 
   connection->deadline().expires_at(connect_deadline);
   auto connect_ec =
       co_await connect_relay_socket(connection->socket(), endpoints, connection->deadline());
   connection->deadline().expires_never();
   if (connect_ec) {
-    abort_handle.connection_ = nullptr;
+    abort_handle.clear_stop();
     if (abort_handle.aborted()) co_return UpstreamError{Failure::aborted, connect_ec};
     auto failure =
         connect_ec == beast::error::timeout ? Failure::connect_timeout : Failure::connect;
@@ -297,7 +91,7 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
         co_await tls->async_handshake(net::ssl::stream_base::client, as_tuple(use_awaitable));
     connection->expires_never();
     if (tls_ec) {
-      abort_handle.connection_ = nullptr;
+      abort_handle.clear_stop();
       connection->close();
       if (abort_handle.aborted()) co_return UpstreamError{Failure::aborted, tls_ec};
       auto failure = tls_ec == beast::error::timeout ? Failure::connect_timeout : Failure::tls;
@@ -309,9 +103,9 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Client::conne
   co_return std::move(connection);
 }
 
-net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
+net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Http1Client::start(
     const Origin& origin, const Request& request, const Limits& limits, AbortHandle& abort_handle) {
-  auto exchange = std::make_unique<Exchange>(deps_.pool, limits, abort_handle);
+  auto exchange = std::make_unique<Http1Exchange>(deps_.pool, limits, abort_handle);
   exchange->timing_.started = known_or_now(limits.started);
 
   std::size_t body_size = 0;
@@ -336,7 +130,7 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
       if (!opened) co_return opened.error();
       connection = std::move(opened.value());
     }
-    abort_handle.connection_ = connection.get();
+    abort_handle.stop_with(&close_connection, connection.get());
     exchange->connection_ = std::move(connection);
     exchange->reset_parser();
     exchange->failed_ = false;
@@ -418,8 +212,8 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Client::start(
   co_return UpstreamError{Failure::no_response, {}};
 }
 
-net::awaitable<std::optional<UpstreamError>> Client::warm(const Origin& origin,
-                                                          const Limits& limits) {
+net::awaitable<std::optional<UpstreamError>> Http1Client::warm(const Origin& origin,
+                                                               const Limits& limits) {
   AbortHandle abort_handle;
   Timing timing;
   auto opened = co_await connect(origin, limits, abort_handle, timing);
