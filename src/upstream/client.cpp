@@ -13,7 +13,6 @@
 #include <boost/beast/http/read.hpp>
 #include <span>
 
-#include "sluice/http/eager_write.hpp"
 #include "sluice/http/http_head.hpp"
 #include "sluice/http/http_read.hpp"
 #include "sluice/http/relay_socket.hpp"
@@ -32,6 +31,29 @@ void close_connection(void* connection) { static_cast<Connection*>(connection)->
 void interrupt_resolve(void* wait) { static_cast<ResolveWait*>(wait)->interrupt(); }
 
 }  // namespace
+
+// The request's bytes as one gather write: the head, then the body's pieces.
+struct Http1Client::OutgoingRequest {
+  explicit OutgoingRequest(const Request& request)
+      : wire{net::const_buffer(),          net::buffer(request.body[0]),
+             net::buffer(request.body[1]), net::buffer(request.body[2]),
+             net::buffer(request.body[3]), net::buffer(request.body[4])} {
+    for (auto part : request.body) body_size += part.size();
+  }
+
+  // Moves the head out of the client's scratch, for a write that has to
+  // wait while other requests write theirs there.
+  void keep_head(const std::string& scratch) {
+    waiting_head = scratch;
+    wire[0] = net::buffer(waiting_head);
+  }
+
+  std::array<net::const_buffer, 6> wire;
+  std::size_t body_size = 0;
+  // Only a head whose write has to wait is kept here: nothing of the request
+  // is needed once the response has begun.
+  std::string waiting_head;
+};
 
 net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Http1Client::connect(
     const Origin& origin, const Limits& limits, AbortHandle& abort_handle, Timing& timing) {
@@ -103,110 +125,85 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Http1Client::
   co_return std::move(connection);
 }
 
+std::unique_ptr<Connection> Http1Client::take_pooled(const Origin& origin, Timing& timing) {
+  auto connection = deps_.pool.take(origin.key(), timing.started);
+  // Taking a pooled connection costs nothing worth a clock read.
+  if (connection) timing.connected = timing.secured = timing.started;
+  return connection;
+}
+
+WriteProgress Http1Client::send_now(Http1Exchange& exchange, const Origin& origin,
+                                    const Request& request, OutgoingRequest& outgoing) {
+  // Written here, with no wait between this and the write below.
+  HeadWriter(head_scratch_)
+      .request_line(request.method, request.target)
+      .field("Host", origin.host_header())
+      .field("Content-Length", outgoing.body_size)
+      .raw_fields(request.fields[0])
+      .raw_fields(request.fields[1])
+      .raw_fields(request.fields[2])
+      .finish();
+  outgoing.wire[0] = net::buffer(head_scratch_);
+  return write_now(exchange.connection().plain_socket(), outgoing.wire);
+}
+
+// The steps that await stay in this one coroutine, and the rest are plain
+// calls: a coroutine of their own would cost a frame per request.
 net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Http1Client::start(
     const Origin& origin, const Request& request, const Limits& limits, AbortHandle& abort_handle) {
   auto exchange = std::make_unique<Http1Exchange>(deps_.pool, limits, abort_handle);
-  exchange->timing_.started = known_or_now(limits.started);
+  auto& timing = exchange->timing_;
+  timing.started = known_or_now(limits.started);
+  OutgoingRequest outgoing(request);
 
-  std::size_t body_size = 0;
-  for (auto part : request.body) body_size += part.size();
-  std::array<net::const_buffer, 6> wire = {
-      net::const_buffer(),          net::buffer(request.body[0]), net::buffer(request.body[1]),
-      net::buffer(request.body[2]), net::buffer(request.body[3]), net::buffer(request.body[4])};
-  // Only a head whose write has to wait is kept here: nothing of the request
-  // is needed once the response has begun.
-  std::string waiting_head;
-
-  // The second round only happens when a pooled connection was dead.
-  for (int round = 0; round < 2; ++round) {
-    auto& timing = exchange->timing_;
-    auto connection = round == 0 ? deps_.pool.take(origin.key(), timing.started) : nullptr;
+  // A second round only when the first one's pooled connection was dead
+  // (drop_dead_pooled_connection); it takes a fresh connection.
+  for (const bool may_reuse : {true, false}) {
+    auto connection = may_reuse ? take_pooled(origin, timing) : nullptr;
     timing.reused = connection != nullptr;
-    if (connection) {
-      // Taking a pooled connection costs nothing worth a clock read.
-      timing.connected = timing.secured = timing.started;
-    } else {
+    if (!connection) {
       auto opened = co_await connect(origin, limits, abort_handle, timing);
       if (!opened) co_return opened.error();
       connection = std::move(opened.value());
     }
-    abort_handle.stop_with(&close_connection, connection.get());
-    exchange->connection_ = std::move(connection);
-    exchange->reset_parser();
-    exchange->failed_ = false;
-    exchange->got_interim_ = false;
+    exchange->begin_round(std::move(connection));
+    auto& conn = exchange->connection();
 
-    auto& conn = *exchange->connection_;
-    // The wait for the head starts once the connection is ready to send, and
-    // bounds the request's write and the head's read together.
-    const auto head_deadline = std::min(timing.secured + limits.ttft, limits.deadline);
-    conn.expires_at(head_deadline);
-    // Written here, with no wait between this and the write below.
-    HeadWriter(head_scratch_)
-        .request_line(request.method, request.target)
-        .field("Host", origin.host_header())
-        .field("Content-Length", body_size)
-        .raw_fields(request.fields[0])
-        .raw_fields(request.fields[1])
-        .raw_fields(request.fields[2])
-        .finish();
-    wire[0] = net::buffer(head_scratch_);
-    auto sent = write_now(conn.plain_socket(), wire);
+    auto sent = send_now(*exchange, origin, request, outgoing);
     // Sent whole without a wait: the answer can only come after it, and the
     // head read below may wait for it without trying first.
     const auto first_read =
         sent.finished && !sent.ec ? ReadStart::awaiting_reply : ReadStart::try_at_once;
     if (!sent.finished) {
-      waiting_head = head_scratch_;
-      wire[0] = net::buffer(waiting_head);
-      sent = co_await write_rest(conn, wire, sent);
+      outgoing.keep_head(head_scratch_);
+      sent = co_await write_rest(conn, outgoing.wire, sent);
     }
-    const error_code write_ec = conn.deadline().translate(sent.ec);
-    timing.sent = Clock::now();
-    if (write_ec) {
-      exchange->failed_ = true;
-      if (timing.reused && !abort_handle.aborted()) {
-        exchange->drop_dead_connection();
-        continue;
-      }
-      auto error = exchange->classify(write_ec, true);
-      if (error.failure != Failure::aborted && !error.is_timeout()) error.failure = Failure::send;
-      co_return error;
+    if (auto error = exchange->settle_send(sent.ec)) {
+      if (exchange->drop_dead_pooled_connection(*error, /*request_written=*/false)) continue;
+      co_return *error;
     }
-    abort_handle.notify_sent();
 
     error_code read_ec;
     for (auto read_start = first_read;; read_start = ReadStart::try_at_once) {
       if (auto* socket = conn.plain_socket()) {
-        read_ec = co_await read_http(*socket, conn.read_buffer(), *exchange->parser_, false,
+        read_ec = co_await read_http(*socket, conn.read_buffer(), exchange->parser(), false,
                                      conn.deadline(), read_start);
       } else {
         auto [tls_ec, head_bytes] = co_await http::async_read_header(
-            conn, conn.read_buffer(), exchange->parser_->beast_parser(), as_tuple(use_awaitable));
+            conn, conn.read_buffer(), exchange->parser().beast_parser(), as_tuple(use_awaitable));
         read_ec = tls_ec;
       }
-      // An interim head is complete as it stands, and the final one follows
-      // on the same connection, under the same deadline: relayed, or pooled
-      // with that still to come, it would reach another request.
-      if (read_ec || exchange->parser_->status() / 100 != 1) break;
-      if (exchange->parser_->status() == 101) {
-        // Switching protocols: nothing this client could read or relay.
-        exchange->failed_ = true;
+      if (read_ec) break;
+      const auto head = exchange->take_head();
+      if (head == Http1Exchange::Head::final) break;
+      if (head == Http1Exchange::Head::unreadable) {
         co_return UpstreamError{Failure::bad_response, {}};
       }
-      exchange->got_interim_ = true;
-      exchange->reset_parser();
     }
-    if (read_ec) {
-      exchange->failed_ = true;
-      auto error = exchange->classify(read_ec, true);
-      if (timing.reused && error.failure == Failure::no_response) {
-        exchange->drop_dead_connection();
-        continue;
-      }
-      co_return error;
+    if (auto error = exchange->settle_head(read_ec)) {
+      if (exchange->drop_dead_pooled_connection(*error, /*request_written=*/true)) continue;
+      co_return *error;
     }
-    timing.first_byte = Clock::now();
     co_return std::move(exchange);
   }
   co_return UpstreamError{Failure::no_response, {}};

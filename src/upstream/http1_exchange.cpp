@@ -19,6 +19,8 @@ using net::use_awaitable;
 
 namespace {
 
+void close_connection(void* connection) { static_cast<Connection*>(connection)->close(); }
+
 // What a read of the body came to: the bytes taken, or 0 once the body is
 // complete (a last piece is returned first); nullopt when there is nothing
 // to return yet.
@@ -61,11 +63,64 @@ Http1Exchange::~Http1Exchange() {
   }
 }
 
-void Http1Exchange::drop_dead_connection() {
+void Http1Exchange::begin_round(std::unique_ptr<Connection> connection) {
+  abort_handle_.stop_with(&close_connection, connection.get());
+  connection_ = std::move(connection);
+  reset_parser();
+  failed_ = false;
+  got_interim_ = false;
+  // The wait for the head starts once the connection is ready to send, and
+  // bounds the request's write and the head's read together.
+  connection_->expires_at(std::min(timing_.secured + limits_.ttft, limits_.deadline));
+}
+
+std::optional<UpstreamError> Http1Exchange::settle_send(error_code ec) {
+  ec = connection_->deadline().translate(ec);
+  timing_.sent = Clock::now();
+  if (!ec) {
+    abort_handle_.notify_sent();
+    return std::nullopt;
+  }
+  failed_ = true;
+  auto error = classify(ec, true);
+  if (error.failure != Failure::aborted && !error.is_timeout()) error.failure = Failure::send;
+  return error;
+}
+
+Http1Exchange::Head Http1Exchange::take_head() {
+  // An interim head is complete as it stands, and the final one follows on
+  // the same connection, under the same deadline: relayed, or pooled with
+  // that still to come, it would reach another request.
+  if (parser_->status() / 100 != 1) return Head::final;
+  if (parser_->status() == 101) {
+    failed_ = true;
+    return Head::unreadable;
+  }
+  got_interim_ = true;
+  reset_parser();
+  return Head::interim;
+}
+
+std::optional<UpstreamError> Http1Exchange::settle_head(error_code ec) {
+  if (ec) {
+    failed_ = true;
+    return classify(ec, true);
+  }
+  timing_.first_byte = Clock::now();
+  return std::nullopt;
+}
+
+bool Http1Exchange::drop_dead_pooled_connection(const UpstreamError& error, bool request_written) {
+  // Until the request is written whole any failure but our own abort shows
+  // a dead connection; after that only an end before any response byte
+  // does, since a live upstream may take its time or answer badly.
+  if (!timing_.reused || error.failure == Failure::aborted) return false;
+  if (request_written && error.failure != Failure::no_response) return false;
   abort_handle_.clear_stop();
   connection_->close();
   connection_.reset();
   pool_.note_discarded();
+  return true;
 }
 
 void Http1Exchange::abort() {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "sluice/common/result.hpp"
+#include "sluice/http/eager_write.hpp"
 #include "sluice/upstream/connection.hpp"
 #include "sluice/upstream/dns_cache.hpp"
 #include "sluice/upstream/exchange.hpp"
@@ -41,8 +42,16 @@ class Http1Client final : public Transport {
   Pool& pool() { return deps_.pool; }
 
  private:
+  struct OutgoingRequest;
+
+  // A connection of the pool to the origin, or null when it has none idle.
+  std::unique_ptr<Connection> take_pooled(const Origin& origin, Timing& timing);
   boost::asio::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> connect(
       const Origin& origin, const Limits& limits, AbortHandle& abort_handle, Timing& timing);
+  // Writes the request's head and offers the whole request to the socket,
+  // without waiting.
+  WriteProgress send_now(Http1Exchange& exchange, const Origin& origin, const Request& request,
+                         OutgoingRequest& outgoing);
 
   ClientDeps deps_;
   // Where each request's head is written just before it is sent: a head

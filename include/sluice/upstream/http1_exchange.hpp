@@ -62,7 +62,34 @@ class Http1Exchange final : public Exchange {
   void abort() override;
 
  private:
+  // Http1Client::start runs the exchange's rounds up to its final head
+  // through the members below.
   friend class Http1Client;
+
+  // What a head just read turned out to be.
+  enum class Head {
+    final,
+    interim,     // dropped: the final head follows on the connection
+    unreadable,  // a switch of protocols, nothing this client could read or relay
+  };
+
+  // Starts a round of Http1Client::start on `connection`: a fresh parser,
+  // abort_handle closing this connection, and the head's deadline armed.
+  void begin_round(std::unique_ptr<Connection> connection);
+  Connection& connection() { return *connection_; }
+  ResponseParser& parser() { return *parser_; }
+  // The request's write has ended with `ec`: the error it is, or nullopt
+  // once the request is out (abort_handle is told).
+  std::optional<UpstreamError> settle_send(error_code ec);
+  Head take_head();
+  // The head's read has ended with `ec`: the error it is, or nullopt for a
+  // final head.
+  std::optional<UpstreamError> settle_head(error_code ec);
+  // Drops the connection and says so when `error` shows a pooled connection
+  // the upstream had closed while it lay idle: the request did not reach
+  // the upstream, and a fresh connection may carry it.
+  bool drop_dead_pooled_connection(const UpstreamError& error, bool request_written);
+
   UpstreamError classify(const error_code& ec, bool expecting_head) const;
   // When the next body read gives up: timeouts.idle from now, or the total
   // deadline if that comes first.
@@ -72,9 +99,6 @@ class Http1Exchange final : public Exchange {
   // A plain socket read's outcome, settled into the read buffer.
   error_code settle_plain_body_read(error_code ec, std::size_t bytes);
   void reset_parser();
-  // Closes a pooled connection that turned out dead before the response,
-  // for a fresh one to take its place.
-  void drop_dead_connection();
 
   Pool& pool_;
   Limits limits_;
