@@ -218,8 +218,8 @@ net::awaitable<void> run_attempt(Worker& worker, const upstream::Origin& origin,
   const AttemptCoroutineEnd end(worker, task);
   try {
     if (task.attempt.hedge) inject_fault(FaultPoint::hedge_attempt);
-    task.result.emplace(
-        co_await worker.client().start(origin, task.request, task.limits, task.abort_handle));
+    task.result.emplace(co_await worker.transport(*task.wiring)
+                            .start(origin, task.request, task.limits, task.abort_handle));
   } catch (...) {
     task.escaped = std::current_exception();
   }
@@ -533,8 +533,9 @@ net::awaitable<Picked> pick_upstream(RequestContext& context, ProxyInputs inputs
       auto& task = *tasks[0];
       prepare_attempt(context, inputs, task, *attempt, now);
       watch.watch(&task.abort_handle);
-      task.result.emplace(co_await context.worker.client().start(task.wiring->origin, task.request,
-                                                                 task.limits, task.abort_handle));
+      task.result.emplace(
+          co_await context.worker.transport(*task.wiring)
+              .start(task.wiring->origin, task.request, task.limits, task.abort_handle));
       if (task.has_usable_head()) winner = &task;
     } else {
       launch(context, inputs, *tasks[0], *attempt, now, watch, wakeup());
@@ -748,8 +749,8 @@ net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& cont
     const auto& deployment = *attempt->deployment;
     AttemptTask task;
     prepare_attempt(context, inputs, task, *attempt, now);
-    auto result = co_await context.worker.client().start(task.wiring->origin, task.request,
-                                                         task.limits, task.abort_handle);
+    auto result = co_await context.worker.transport(*task.wiring)
+                      .start(task.wiring->origin, task.request, task.limits, task.abort_handle);
     if (!result) {
       const auto& error = result.error();
       plan.report(*attempt,
