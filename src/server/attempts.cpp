@@ -81,8 +81,8 @@ net::awaitable<void> run_attempt(Worker& worker, const upstream::Origin& origin,
   const AttemptCoroutineEnd end(worker, task);
   try {
     if (task.attempt.hedge) inject_fault(FaultPoint::hedge_attempt);
-    task.result.emplace(
-        co_await worker.client().start(origin, task.request, task.limits, task.abort_handle));
+    task.result.emplace(co_await worker.transport(*task.wiring)
+                            .start(origin, task.request, task.limits, task.abort_handle));
   } catch (...) {
     task.escaped = std::current_exception();
   }
@@ -359,8 +359,9 @@ net::awaitable<AttemptsOutcome> run_attempts(RequestContext& context, AttemptsCa
       prepare_attempt(context, call.request, task, *attempt, now);
       if (!task.refused_by_adapter) {
         if (watch) watch->watch(&task.abort_handle);
-        task.result.emplace(co_await context.worker.client().start(
-            task.wiring->origin, task.request, task.limits, task.abort_handle));
+        task.result.emplace(
+            co_await context.worker.transport(*task.wiring)
+                .start(task.wiring->origin, task.request, task.limits, task.abort_handle));
         if (task.has_usable_head()) winner = &task;
       }
     } else {

@@ -71,7 +71,7 @@ Worker::Worker(Gateway& gateway, unsigned index)
       index_(index),
       pool_(upstream::PoolOptions{gateway.snapshot()->config->upstream.max_idle_per_origin,
                                   gateway.snapshot()->config->upstream.idle_expiry}),
-      client_(upstream::ClientDeps{pool_, gateway.dns(), gateway.tls()}),
+      transports_(upstream::TransportDeps{pool_, gateway.dns(), gateway.tls()}),
       random_(std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32)) {
   take_snapshot(gateway.snapshot());
 }
@@ -165,7 +165,7 @@ net::awaitable<void> Worker::warm_one(std::string origin_key, upstream::Origin o
   } warming{warming_[origin_key]};
   upstream::Limits limits;
   limits.connect = connect_timeout;
-  auto error = co_await client_.warm(origin, limits);
+  auto error = co_await client().warm(origin, limits);
   if (error) spdlog::debug("warming a connection to {} failed: {}", origin_key, error->describe());
 }
 

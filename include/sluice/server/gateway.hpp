@@ -25,6 +25,7 @@
 #include "sluice/server/event_loop.hpp"
 #include "sluice/stream/relay.hpp"
 #include "sluice/upstream/client.hpp"
+#include "sluice/upstream/transports.hpp"
 
 namespace sluice::server {
 
@@ -41,12 +42,15 @@ struct Snapshot {
   // What each deployment of `config` needs per request, made once rather
   // than per request: where it connects (pool key, Host value), the header
   // lines it adds (its `headers` and its key), the model name it is sent
-  // as a JSON string literal, and the adapter of the protocol it speaks.
+  // as a JSON string literal, the adapter of the protocol it speaks, and
+  // the transport that carries its requests (its place in
+  // upstream::registered_transports()).
   struct DeploymentWiring {
     upstream::Origin origin;
     std::string fields;
     std::string model_literal;
     std::unique_ptr<const protocol::Adapter> adapter;
+    std::size_t transport = upstream::default_transport();
   };
   std::unordered_map<const config::Deployment*, DeploymentWiring> deployments;
 
@@ -84,7 +88,13 @@ class Worker {
   ~Worker();
 
   boost::asio::io_context& context() { return context_; }
-  upstream::Client& client() { return client_; }
+  // What carries a deployment's requests: this worker's instance of its
+  // transport.
+  upstream::Transport& transport(const Snapshot::DeploymentWiring& wiring) {
+    return transports_[wiring.transport];
+  }
+  // The default transport (HTTP/1.1 over pool()).
+  upstream::Transport& client() { return transports_[upstream::default_transport()]; }
   upstream::Pool& pool() { return pool_; }
   Gateway& gateway() { return gateway_; }
   unsigned index() const { return index_; }
@@ -143,7 +153,7 @@ class Worker {
   // coroutine frames the context destroys, which may still give connections
   // back to it.
   upstream::Pool pool_;
-  upstream::Client client_;
+  upstream::Transports transports_;
   // One thread runs it and only that thread touches its sockets and timers
   // (new connections are handed over as descriptors, and the listener is
   // registered before the thread starts), so the reactor takes no locks:
