@@ -3,8 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "sluice/protocol/adapters.hpp"
@@ -189,6 +192,32 @@ TEST_F(ProtocolAdapter, AnUnknownProviderIsAConfigErrorNamingItsPlace) {
     EXPECT_NE(message.find("openai"), std::string::npos) << message;
     EXPECT_NE(message.find("(line "), std::string::npos) << message;
   }
+}
+
+// --check-config builds no gateway, yet knows which providers exist.
+TEST(ProtocolAdapterConfig, CheckConfigRefusesAnUnknownProvider) {
+  const char* binary = std::getenv("SLUICE_BINARY");
+  ASSERT_NE(binary, nullptr) << "SLUICE_BINARY is not set";
+  auto check = [&](const std::string& provider, std::string& output) {
+    TempFile config(
+        "auth: {disabled: true}\nmodels:\n  - name: m\n    deployments:\n"
+        "      - base_url: http://127.0.0.1:9/v1\n        provider: " +
+            provider + "\n",
+        ".yaml");
+    const std::string command = std::string(binary) + " --check-config " + config.path() + " 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    if (!pipe) return -1;
+    char buffer[512];
+    while (std::fgets(buffer, sizeof buffer, pipe)) output += buffer;
+    return WEXITSTATUS(pclose(pipe));
+  };
+  std::string refused;
+  EXPECT_EQ(check("nope", refused), 1) << refused;
+  EXPECT_NE(refused.find("models[0].deployments[0].provider: unknown provider 'nope'"),
+            std::string::npos)
+      << refused;
+  std::string accepted;
+  EXPECT_EQ(check("openai", accepted), 0) << accepted;
 }
 
 }  // namespace
