@@ -133,11 +133,11 @@ net::awaitable<bool> respond_broken_upstream(RequestContext& context,
 // (a coroutine of its own: answers that pass through never allocate its
 // frame).
 net::awaitable<stream::RelayOutcome> relay_translated(RequestContext& context, AttemptTask& winner,
+                                                      stream::AnswerTranslator& translator,
                                                       const stream::RelayOptions& options) {
-  auto translator = winner.wiring->adapter->translate_answer();
   stream::TranslatingRelay relay(context.client, context.client_deadline, context.relay_buffers,
                                  context.snapshot->config->server.write_timeout);
-  co_return co_await relay.run(winner.exchange(), *translator, context.response_fields,
+  co_return co_await relay.run(winner.exchange(), translator, context.response_fields,
                                context.keep_alive, options);
 }
 
@@ -183,13 +183,19 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ForwardedReques
   }
   append_request_fields(context.response_fields, context);
   stream::RelayOutcome outcome;
-  if (winner.wiring->adapter->passes_through()) {
+  // An adapter may rewrite requests yet leave answers as they are (no
+  // translator): those are spliced through like any other.
+  std::unique_ptr<stream::AnswerTranslator> translator;
+  if (const auto& adapter = *winner.wiring->adapter; !adapter.passes_through()) {
+    translator = adapter.translate_answer();
+  }
+  if (!translator) {
     stream::Relay relay(context.client, context.client_deadline, context.relay_buffers,
                         context.snapshot->config->server.write_timeout);
     outcome =
         co_await relay.run(exchange, context.response_fields, context.keep_alive, relay_options);
   } else {
-    outcome = co_await relay_translated(context, winner, relay_options);
+    outcome = co_await relay_translated(context, winner, *translator, relay_options);
   }
   if (outcome.first_write != TimePoint{}) {
     context.gateway_time += outcome.first_write - timing.first_byte;

@@ -88,6 +88,23 @@ std::unique_ptr<protocol::Adapter> make_shouting_adapter(const config::Deploymen
   return std::make_unique<ShoutingAdapter>();
 }
 
+// Rewrites the request's header lines only: its upstream answers as the
+// client's endpoint does.
+class HeaderOnlyAdapter final : public protocol::Adapter {
+ public:
+  bool passes_through() const override { return false; }
+  std::optional<ApiError> adapt_request(upstream::Request& request,
+                                        std::string& /*storage*/) const override {
+    request.fields[2] = "x-adapted: header-only\r\n";
+    return std::nullopt;
+  }
+  std::unique_ptr<stream::AnswerTranslator> translate_answer() const override { return nullptr; }
+};
+
+std::unique_ptr<protocol::Adapter> make_header_only_adapter(const config::Deployment&) {
+  return std::make_unique<HeaderOnlyAdapter>();
+}
+
 class ProtocolAdapter : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -153,6 +170,19 @@ TEST_F(ProtocolAdapter, AStreamIsTranslatedEventByEvent) {
   EXPECT_EQ(text, "TOK0 TOK1 TOK2 ");
   EXPECT_EQ(done, 1u) << "one end, sent by the translator: " << answer.body;
   EXPECT_EQ(start, answer.body.size()) << "nothing after the last event";
+}
+
+TEST_F(ProtocolAdapter, AnAdapterWithoutATranslatorLeavesTheAnswerAsItCame) {
+  protocol::register_adapter("test-header-only", &make_header_only_adapter);
+  TestGateway gateway(
+      "models:\n  - name: chat\n    deployments:\n" +
+      deployment_yaml("quiet", upstream_->base_url(), "        provider: test-header-only\n"));
+  auto streamed =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
+  ASSERT_EQ(streamed.status, 200u);
+  EXPECT_EQ(upstream_->recent_requests().back().header("x-adapted"), "header-only");
+  EXPECT_NE(streamed.body.find(R"("content":"tok0 ")"), std::string::npos) << streamed.body;
+  EXPECT_NE(streamed.body.find("data: [DONE]"), std::string::npos);
 }
 
 TEST_F(ProtocolAdapter, ARequestTheProviderCannotCarryIsRefusedWithoutBlamingIt) {

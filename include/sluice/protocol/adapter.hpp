@@ -30,7 +30,9 @@ class Adapter {
   virtual std::optional<ApiError> adapt_request(upstream::Request& request,
                                                 std::string& storage) const = 0;
 
-  // Translates one answer of the upstream's for the client.
+  // Translates one answer of the upstream's for the client; null when the
+  // upstream answers as the client's endpoint does (the request needed
+  // rewriting only): the answer is then spliced through untouched.
   virtual std::unique_ptr<stream::AnswerTranslator> translate_answer() const = 0;
 };
 
