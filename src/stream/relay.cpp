@@ -115,16 +115,26 @@ void Relay::Buffers::release_grown() {
   release_if_over(wire, kKeptViews);
 }
 
-// One answer as run() relays it: what is known of it so far, and the steps
-// run() takes between its awaits. A local of run(), so its state lies in
-// run()'s frame as the locals and lambdas it stands for did; every step is
+namespace {
+
+// One answer as Relay::run relays it: what is known of it so far, and the
+// steps run() takes between its awaits. A local of run(), so its state lies
+// in run()'s frame as the locals and lambdas it stands for did; every step is
 // plain code but write_rest, which is awaited only when a write must wait.
-class Relay::Answer {
+// Local to this file, so that the steps called once are inlined into run().
+class Answer {
  public:
   using BodyRead = std::optional<Result<std::size_t, upstream::UpstreamError>>;
 
-  Answer(Relay& relay, upstream::Exchange& exchange, const RelayOptions& options)
-      : relay_(relay),
+  // The buffers, scanner, socket and write limit are the Relay's.
+  Answer(Relay::Buffers& buffers, std::optional<SseScanner>& scanner, net::ip::tcp::socket& client,
+         SocketDeadline& client_deadline, std::chrono::milliseconds write_timeout,
+         upstream::Exchange& exchange, const RelayOptions& options)
+      : buffers_(buffers),
+        scanner_(scanner),
+        client_(client),
+        client_deadline_(client_deadline),
+        write_timeout_(write_timeout),
         exchange_(exchange),
         options_(options),
         length_(relayed_length(exchange)),
@@ -134,7 +144,7 @@ class Relay::Answer {
   }
 
   // The head goes out with the first body bytes; until then it waits in
-  // buffers_.head.
+  // Buffers::head.
   void format_head(std::string_view head_fields, bool keep_alive);
   // Streams are scanned beside the relay (usage, stripping); a JSON body
   // keeps only its tail for the usage object.
@@ -157,7 +167,6 @@ class Relay::Answer {
   RelayOutcome outcome;
 
  private:
-  Relay::Buffers& buffers() { return relay_.buffers_; }
   void capture(std::size_t n);
   std::span<const std::string_view> take_json_pieces(bool read_to_length);
   std::span<const std::string_view> take_event_pieces(std::size_t n);
@@ -165,7 +174,11 @@ class Relay::Answer {
   std::optional<bool> write_now(std::span<const std::string_view> spans, bool last);
   bool settle();
 
-  Relay& relay_;
+  Relay::Buffers& buffers_;
+  std::optional<SseScanner>& scanner_;
+  net::ip::tcp::socket& client_;
+  SocketDeadline& client_deadline_;
+  const std::chrono::milliseconds write_timeout_;
   upstream::Exchange& exchange_;
   const RelayOptions& options_;
   const std::optional<std::uint64_t> length_;
@@ -173,7 +186,7 @@ class Relay::Answer {
   WriteProgress progress_;
   const bool chunked_;
   // A plain upstream's body is relayed from its connection's read buffer; a
-  // TLS upstream's is copied into buffers_.read.
+  // TLS upstream's is copied into Buffers::read.
   const bool in_place_;
   bool filled_buffer_ = false;  // the last read filled buffers_.read
   bool body_ended_ = false;
@@ -183,8 +196,8 @@ class Relay::Answer {
   bool json_usage_read_ = false;
 };
 
-void Relay::Answer::format_head(std::string_view head_fields, bool keep_alive) {
-  HeadWriter head(buffers().head);
+void Answer::format_head(std::string_view head_fields, bool keep_alive) {
+  HeadWriter head(buffers_.head);
   head.status_line(exchange_.status());
   head.raw_fields(exchange_.forwarded_fields());
   head.raw_fields(head_fields);
@@ -197,33 +210,30 @@ void Relay::Answer::format_head(std::string_view head_fields, bool keep_alive) {
   head.finish();
 }
 
-void Relay::Answer::prepare_body_scan() {
-  auto& scanner = relay_.scanner_;
-  scanner.reset();
+void Answer::prepare_body_scan() {
+  scanner_.reset();
   if (exchange_.is_event_stream()) {
-    scanner.emplace();
-    scanner->set_strip_usage_only_chunks(options_.strip_usage_only_chunks);
+    scanner_.emplace();
+    scanner_->set_strip_usage_only_chunks(options_.strip_usage_only_chunks);
   }
-  buffers().json_tail.clear();
+  buffers_.json_tail.clear();
 }
 
-Relay::Answer::BodyRead Relay::Answer::read_buffered() {
-  auto& buffers = this->buffers();
-  buffers.pieces.clear();
-  if (in_place_) return exchange_.read_buffered_body(buffers.pieces);
+Answer::BodyRead Answer::read_buffered() {
+  buffers_.pieces.clear();
+  if (in_place_) return exchange_.read_buffered_body(buffers_.pieces);
   // Grown between reads, never while a write still points into it.
-  buffers.copy_buffer();
-  if (filled_buffer_ && buffers.read.size() < kLargestRead) {
-    buffers.read.resize(std::min(buffers.read.size() * 2, kLargestRead));
+  buffers_.copy_buffer();
+  if (filled_buffer_ && buffers_.read.size() < Relay::kLargestRead) {
+    buffers_.read.resize(std::min(buffers_.read.size() * 2, Relay::kLargestRead));
   }
-  return exchange_.read_buffered_body(buffers.read.data(), buffers.read.size());
+  return exchange_.read_buffered_body(buffers_.read.data(), buffers_.read.size());
 }
 
-std::optional<bool> Relay::Answer::relay_read(std::size_t n) {
-  auto& buffers = this->buffers();
+std::optional<bool> Answer::relay_read(std::size_t n) {
   if (!in_place_) {
-    filled_buffer_ = n == buffers.read.size();
-    if (n > 0) buffers.pieces.emplace_back(buffers.read.data(), n);
+    filled_buffer_ = n == buffers_.read.size();
+    if (n > 0) buffers_.pieces.emplace_back(buffers_.read.data(), n);
   }
   // The body's last piece goes out with the body's end (the last chunk) in
   // one write, rather than waiting for the read that reports the end.
@@ -231,7 +241,7 @@ std::optional<bool> Relay::Answer::relay_read(std::size_t n) {
   body_read_ += n;
   const bool read_to_length = length_ && body_read_ >= *length_;
   capture(n);
-  const auto spans = relay_.scanner_ ? take_event_pieces(n) : take_json_pieces(read_to_length);
+  const auto spans = scanner_ ? take_event_pieces(n) : take_json_pieces(read_to_length);
   // A Content-Length body's last piece is written after this report (and
   // after its capture), as is a chunked body's end.
   if (body_ended_ || read_to_length) report_completion();
@@ -242,20 +252,20 @@ std::optional<bool> Relay::Answer::relay_read(std::size_t n) {
 
 // Appends the read to the cache's capture, which is dropped once the body
 // outgrows its limit.
-void Relay::Answer::capture(std::size_t n) {
+void Answer::capture(std::size_t n) {
   if (!options_.capture || outcome.capture_overflowed || n == 0) return;
   outcome.capture_overflowed = options_.capture->size() + n > options_.capture_limit;
   if (outcome.capture_overflowed) {
     options_.capture->clear();
     return;
   }
-  for (auto piece : buffers().pieces) options_.capture->append(piece);
+  for (auto piece : buffers_.pieces) options_.capture->append(piece);
 }
 
 // A JSON body is written as it was read; only its usage is looked for.
-std::span<const std::string_view> Relay::Answer::take_json_pieces(bool read_to_length) {
-  const auto& pieces = buffers().pieces;
-  auto& tail = buffers().json_tail;
+std::span<const std::string_view> Answer::take_json_pieces(bool read_to_length) {
+  const auto& pieces = buffers_.pieces;
+  auto& tail = buffers_.json_tail;
   if (read_to_length && tail.empty() && pieces.size() == 1) {
     // The whole body in one piece (the usual case): its usage is read
     // where it lies, before the next read reuses the buffer.
@@ -270,10 +280,10 @@ std::span<const std::string_view> Relay::Answer::take_json_pieces(bool read_to_l
 
 // A stream is written as the scanner cuts it into events, less those it
 // strips; its usage and event count are the scanner's.
-std::span<const std::string_view> Relay::Answer::take_event_pieces(std::size_t n) {
-  auto& scanner = *relay_.scanner_;
-  const auto& pieces = buffers().pieces;
-  auto& spans = buffers().spans;
+std::span<const std::string_view> Answer::take_event_pieces(std::size_t n) {
+  auto& scanner = *scanner_;
+  const auto& pieces = buffers_.pieces;
+  auto& spans = buffers_.spans;
   spans.clear();
   if (n > 0) {
     if (options_.gaps) {
@@ -294,29 +304,28 @@ std::span<const std::string_view> Relay::Answer::take_event_pieces(std::size_t n
   return spans;
 }
 
-void Relay::Answer::report_completion() {
+void Answer::report_completion() {
   if (completion_reported_ || !options_.on_upstream_complete) return;
   completion_reported_ = true;
   options_.on_upstream_complete(outcome);
 }
 
-std::optional<bool> Relay::Answer::end_on_upstream_error(const upstream::UpstreamError& error) {
+std::optional<bool> Answer::end_on_upstream_error(const upstream::UpstreamError& error) {
   outcome.upstream_error = error;
-  auto& scanner = relay_.scanner_;
-  if (scanner) {
-    outcome.usage = scanner->usage();
-    outcome.events = scanner->events();
+  if (scanner_) {
+    outcome.usage = scanner_->usage();
+    outcome.events = scanner_->events();
   }
   // Nothing reached the client: the caller may still fail over.
   if (outcome.nothing_sent && error.failure != upstream::Failure::aborted) return true;
-  if (!scanner || outcome.client_failed || error.failure == upstream::Failure::aborted) {
+  if (!scanner_ || outcome.client_failed || error.failure == upstream::Failure::aborted) {
     return true;
   }
   // A partial event already sent is ended first, so the error event stands
   // on its own. It is written from the head's buffer, which went out with
   // the first body bytes.
-  auto& event = buffers().head;
-  event.assign(scanner->at_event_boundary() ? "" : "\n\n");
+  auto& event = buffers_.head;
+  event.assign(scanner_->at_event_boundary() ? "" : "\n\n");
   event += stream_error_event("The upstream stream was interrupted: " + error.describe(),
                               error.is_timeout() ? "upstream_timeout" : "stream_interrupted");
   const std::string_view data = event;
@@ -328,15 +337,14 @@ std::optional<bool> Relay::Answer::end_on_upstream_error(const upstream::Upstrea
 // to the socket at once: whether it was written, or nullopt when the rest
 // must be awaited with write_rest. Plain code, not a coroutine: that would
 // cost a frame for every write of a stream.
-std::optional<bool> Relay::Answer::write_now(std::span<const std::string_view> spans, bool last) {
-  auto& buffers = this->buffers();
-  auto& wire = buffers.wire;
+std::optional<bool> Answer::write_now(std::span<const std::string_view> spans, bool last) {
+  auto& wire = buffers_.wire;
   wire.clear();
-  if (head_pending_) wire.push_back(net::buffer(buffers.head));
+  if (head_pending_) wire.push_back(net::buffer(buffers_.head));
   std::size_t size = 0;
   for (auto span : spans) size += span.size();
   if (size > 0) {
-    if (chunked_) wire.push_back(chunk_size_line(buffers.chunk_size_line, size));
+    if (chunked_) wire.push_back(chunk_size_line(buffers_.chunk_size_line, size));
     for (auto span : spans) {
       if (!span.empty()) wire.push_back(net::buffer(span));
     }
@@ -344,7 +352,7 @@ std::optional<bool> Relay::Answer::write_now(std::span<const std::string_view> s
   }
   if (last && chunked_) wire.push_back(net::buffer(kLastChunk));
   if (wire.empty()) return true;
-  progress_ = sluice::write_now(&relay_.client_, wire);
+  progress_ = sluice::write_now(&client_, wire);
   if (head_pending_) outcome.first_write = Clock::now();
   head_pending_ = false;
   outcome.nothing_sent = false;
@@ -352,23 +360,25 @@ std::optional<bool> Relay::Answer::write_now(std::span<const std::string_view> s
   return settle();
 }
 
-net::awaitable<bool> Relay::Answer::write_rest() {
+net::awaitable<bool> Answer::write_rest() {
   // The write timeout only guards a wait, so the clock is read only here
   // and not for every write the socket takes at once.
-  progress_ = co_await sluice::write_rest_within(relay_.client_, relay_.client_deadline_,
-                                                 relay_.write_timeout_, buffers().wire, progress_);
+  progress_ = co_await sluice::write_rest_within(client_, client_deadline_, write_timeout_,
+                                                 buffers_.wire, progress_);
   co_return settle();
 }
 
-bool Relay::Answer::settle() {
+bool Answer::settle() {
   outcome.bytes_out += progress_.written;
   if (progress_.ec) outcome.client_failed = true;
   return !progress_.ec;
 }
 
+}  // namespace
+
 net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::string_view head_fields,
                                         bool keep_alive, const RelayOptions& options) {
-  Answer answer(*this, exchange, options);
+  Answer answer(buffers_, scanner_, client_, client_deadline_, write_timeout_, exchange, options);
   answer.format_head(head_fields, keep_alive);
   answer.prepare_body_scan();
   for (;;) {

@@ -126,10 +126,6 @@ class Relay {
   // A member rather than a local of run(): that keeps run()'s frame under
   // the size glibc's per-thread cache serves.
   std::optional<SseScanner> scanner_;
-
-  // One answer's relay: its state and the plain steps run() takes between
-  // its awaits (relay.cpp).
-  class Answer;
 };
 
 // The usage object near the end of a JSON body, from its last bytes only
