@@ -119,137 +119,228 @@ class OpenConnectionCount {
   std::atomic<unsigned>& count_;
 };
 
+const net::const_buffer kContinueResponse("HTTP/1.1 100 Continue\r\n\r\n", 25);
+
+bool expects_continue(const ClientRequest& request) {
+  auto expect = request["expect"];
+  return expect.size() == 12 && beast::iequals(expect, "100-continue");
+}
+
+// A client connection from one request to the next: what it keeps between
+// them, and the plain steps serve_connection takes around its awaits. A local
+// of that coroutine: a step that awaited in a coroutine of its own would cost
+// a frame for every request, so the steps that wait return what is awaited.
+class Connection {
+ public:
+  Connection(Worker& worker, net::ip::tcp::socket& client)
+      : worker_(worker),
+        client_(client),
+        relay_buffers_(worker.lend_relay_buffers()),
+        deadline_(client),
+        watch_(client, buffer_) {
+    tracked_.socket = &client;
+    worker.track(tracked_);
+  }
+
+  // Readies the wait for the next request's first bytes; false when the
+  // connection is idle and the gateway drains.
+  bool begin_wait(ClientRequest& request, const config::Server& limits, bool first);
+  bool watch_reading() const { return watch_.reading(); }
+  // The watch's read of the next request, to be awaited; its bytes that came
+  // with the last request are parsed first instead of waiting for more.
+  auto take_watch_read() {
+    pipelined_ = buffer_.size() > 0;
+    if (pipelined_) watch_.cancel();
+    return watch_.async_take_read(as_tuple(use_awaitable));
+  }
+  // What the wait (`taken`, when the watch's read was awaited) came to, and
+  // the head parsed from what is buffered: nullopt when the socket must be
+  // read for the rest (read_rest, under the header timeout).
+  std::optional<error_code> parse_head(ClientRequest& request, const config::Server& limits,
+                                       std::optional<error_code> taken);
+  // Whether the head was read; if not, whether the client just left.
+  bool head_read(const error_code& ec);
+  // The body parsed from what is buffered, as parse_head.
+  std::optional<error_code> parse_body(ClientRequest& request, const config::Server& limits);
+  auto read_rest(ClientRequest& request, bool whole) {
+    return read_http(client_, buffer_, request, whole, deadline_);
+  }
+  auto send_continue(const config::Server& limits) {
+    return write_eagerly(client_, deadline_, limits.write_timeout, kContinueResponse);
+  }
+  auto answer_unreadable(const error_code& ec, const config::Server& limits) {
+    return server::answer_unreadable(client_, deadline_, ec, limits);
+  }
+  // The request read whole: the connection's waits end, and the pipeline
+  // gets the request's context.
+  RequestContext hand_over(const std::shared_ptr<const Snapshot>& snapshot, ClientRequest& request);
+  // The pipeline ended the connection with the answer to `request`.
+  void note_last_answer(const ClientRequest& request) {
+    client_asked_to_close_ = !request.keep_alive() && buffer_.size() == 0;
+  }
+  // Leaves the worker's connections, and closes the socket unless the
+  // client may still be sending: then false, and close_gracefully is to be
+  // awaited.
+  bool close_at_once();
+  auto close_gracefully() { return server::close_gracefully(client_, deadline_); }
+
+ private:
+  Worker& worker_;
+  net::ip::tcp::socket& client_;
+  beast::flat_buffer buffer_;
+  const Worker::RelayBuffersLoan relay_buffers_;
+  // The deadline of the request reads, and of any write that has to wait.
+  SocketDeadline deadline_;
+  stream::ClientWatch watch_;
+  auth::KeyMemo key_memo_;
+  ConnectionStrings strings_;
+  ClientConnection tracked_;
+  // A request starts with its first bytes, not with the wait for them: a
+  // kept-alive connection may sit idle for minutes, and that is no part of
+  // the next request's duration, TTFT or log time. A new connection's
+  // first request most often came with it. Unset: not seen yet.
+  std::optional<TimePoint> first_bytes_at_;
+  // Bytes of the next request came with the last one.
+  bool pipelined_ = false;
+  // Whether the client ended the connection between requests.
+  bool client_left_ = false;
+  // Whether the client asked for the connection to end with its last answer
+  // and sent nothing after that request.
+  bool client_asked_to_close_ = false;
+};
+
+bool Connection::begin_wait(ClientRequest& request, const config::Server& limits, bool first) {
+  request.header_limit(static_cast<std::uint32_t>(limits.max_header_bytes));
+  request.body_limit(limits.max_body_bytes);
+  const auto wait_started = Clock::now();
+  deadline_.expires_at(wait_started + (first || buffer_.size() > 0 ? limits.header_timeout
+                                                                   : limits.keepalive_timeout));
+  tracked_.idle = buffer_.size() == 0;
+  first_bytes_at_.reset();
+  if (first || !tracked_.idle) first_bytes_at_ = wait_started;
+  pipelined_ = false;
+  if (tracked_.idle && worker_.gateway().draining()) return false;
+  // The next request of a kept-alive connection is waited for through the
+  // watch, whose read may have begun during the last answer already.
+  if (!first_bytes_at_) watch_.read_next();
+  return true;
+}
+
+std::optional<error_code> Connection::parse_head(ClientRequest& request,
+                                                 const config::Server& limits,
+                                                 std::optional<error_code> taken) {
+  auto ec = taken ? *taken : watch_.take_read_result();
+  if (pipelined_ && ec == net::error::operation_aborted) ec = {};
+  ec = deadline_.translate(ec);
+  if (ec == net::error::eof) ec = http::error::end_of_stream;
+  if (ec) return ec;
+  auto settled = parse_buffered(buffer_, request, false);
+  if (!settled && !first_bytes_at_) {
+    // Part of a head came after an idle wait: the request has begun, and
+    // its head gets the header timeout, not what was left of the idle one.
+    first_bytes_at_ = Clock::now();
+    deadline_.expires_at(*first_bytes_at_ + limits.header_timeout);
+  }
+  return settled;
+}
+
+bool Connection::head_read(const error_code& ec) {
+  tracked_.idle = false;
+  client_left_ = ec == http::error::end_of_stream;
+  return !ec;
+}
+
+std::optional<error_code> Connection::parse_body(ClientRequest& request,
+                                                 const config::Server& limits) {
+  auto settled = parse_buffered(buffer_, request, true);
+  if (!settled) {
+    if (!first_bytes_at_) first_bytes_at_ = Clock::now();
+    deadline_.expires_after(limits.body_timeout);
+  }
+  return settled;
+}
+
+RequestContext Connection::hand_over(const std::shared_ptr<const Snapshot>& snapshot,
+                                     ClientRequest& request) {
+  deadline_.expires_never();
+  // A large body grew the buffer; the connection keeps no more than a
+  // head's worth while it waits for its next request.
+  if (!watch_.reading()) release_grown_buffer(buffer_);
+  strings_.reset();
+  assign_request_id(strings_.request_id, request, worker_);
+  const auto body_read = Clock::now();
+  return RequestContext{
+      .worker = worker_,
+      .snapshot = snapshot,
+      .request = request,
+      .client = client_,
+      .client_deadline = deadline_,
+      .relay_buffers = *relay_buffers_,
+      .watch = watch_,
+      .key_memo = key_memo_,
+      .strings = strings_,
+      .keep_alive = request.keep_alive() && !worker_.gateway().draining(),
+      // A request read whole at once started when that read came, which
+      // the clock reading just taken stands for.
+      .head_started = first_bytes_at_.value_or(body_read),
+      .body_read = body_read,
+  };
+}
+
+bool Connection::close_at_once() {
+  Worker::untrack(tracked_);
+  watch_.cancel();
+  // Nothing more can come that would turn the close into a reset (a client
+  // that sent "Connection: close" sends no further request): no half-close
+  // and draining first, which would hold the connection until the client's
+  // own close and cost a wake-up and two system calls.
+  if (!client_left_ && !client_asked_to_close_) return false;
+  error_code ignored;
+  client_.close(ignored);
+  return true;
+}
+
 }  // namespace
 
 net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket client) {
-  auto& gateway = worker.gateway();
-  const OpenConnectionCount counted(gateway.open_connections());
+  const OpenConnectionCount counted(worker.gateway().open_connections());
   // The next read after a request (most often the watch's, started before
   // the client could send more) then waits for readiness without trying.
   prepare_accepted_relay_socket(client);
-  beast::flat_buffer buffer;
-  const auto relay_buffers = worker.lend_relay_buffers();
-  // The deadline of the request reads, and of any write that has to wait.
-  SocketDeadline deadline(client);
-  stream::ClientWatch watch(client, buffer);
-  auth::KeyMemo key_memo;
-  ConnectionStrings strings;
-  ClientConnection tracked;
-  tracked.socket = &client;
-  worker.track(tracked);
-
-  // Whether the client ended the connection between requests.
-  bool client_left = false;
-  // Whether the client asked for the connection to end with its last answer
-  // and sent nothing after that request.
-  bool client_asked_to_close = false;
+  Connection connection(worker, client);
   for (bool first = true;; first = false) {
     auto snapshot = worker.snapshot();
     const auto& limits = snapshot->config->server;
     ClientRequest request;
-    request.header_limit(static_cast<std::uint32_t>(limits.max_header_bytes));
-    request.body_limit(limits.max_body_bytes);
-
-    const auto wait_started = Clock::now();
-    deadline.expires_at(wait_started + (first || buffer.size() > 0 ? limits.header_timeout
-                                                                   : limits.keepalive_timeout));
-    tracked.idle = buffer.size() == 0;
-    // A request starts with its first bytes, not with the wait for them: a
-    // kept-alive connection may sit idle for minutes, and that is no part of
-    // the next request's duration, TTFT or log time. A new connection's
-    // first request most often came with it. Unset: not seen yet.
-    std::optional<TimePoint> first_bytes_at;
-    if (first || !tracked.idle) first_bytes_at = wait_started;
-    if (tracked.idle && gateway.draining()) break;
-    // The next request of a kept-alive connection is waited for through the
-    // watch, whose read may have begun during the last answer already.
-    if (!first_bytes_at) watch.read_next();
-    error_code head_ec;
-    if (watch.reading()) {
-      // Bytes of the next request came with the last one: parse them first
-      // instead of waiting for more.
-      const bool pipelined = buffer.size() > 0;
-      if (pipelined) watch.cancel();
-      auto [taken] = co_await watch.async_take_read(as_tuple(use_awaitable));
-      head_ec = taken;
-      if (pipelined && head_ec == net::error::operation_aborted) head_ec = {};
-    } else {
-      head_ec = watch.take_read_result();
+    if (!connection.begin_wait(request, limits, first)) break;
+    std::optional<error_code> taken;
+    if (connection.watch_reading()) {
+      auto [ec] = co_await connection.take_watch_read();
+      taken = ec;
     }
-    head_ec = deadline.translate(head_ec);
-    if (head_ec == net::error::eof) head_ec = http::error::end_of_stream;
-    if (!head_ec) {
-      auto settled = parse_buffered(buffer, request, false);
-      if (!settled) {
-        if (!first_bytes_at) {
-          // Part of a head came after an idle wait: the request has begun,
-          // and its head gets the header timeout, not what was left of the
-          // idle one.
-          first_bytes_at = Clock::now();
-          deadline.expires_at(*first_bytes_at + limits.header_timeout);
-        }
-        settled = co_await read_http(client, buffer, request, false, deadline);
-      }
-      head_ec = *settled;
-    }
-    tracked.idle = false;
-    if (head_ec) {
-      client_left = head_ec == http::error::end_of_stream;
-      co_await answer_unreadable(client, deadline, head_ec, limits);
+    auto settled = connection.parse_head(request, limits, taken);
+    if (!settled) settled = co_await connection.read_rest(request, false);
+    if (!connection.head_read(*settled)) {
+      co_await connection.answer_unreadable(*settled, limits);
       break;
     }
-
     if (!request.is_done()) {
-      auto expect = request["expect"];
-      if (expect.size() == 12 && beast::iequals(expect, "100-continue")) {
-        co_await write_eagerly(client, deadline, limits.write_timeout,
-                               net::buffer("HTTP/1.1 100 Continue\r\n\r\n", 25));
-      }
-      auto body_ec = parse_buffered(buffer, request, true);
-      if (!body_ec) {
-        if (!first_bytes_at) first_bytes_at = Clock::now();
-        deadline.expires_after(limits.body_timeout);
-        body_ec = co_await read_http(client, buffer, request, true, deadline);
-      }
-      if (*body_ec) {
-        co_await answer_unreadable(client, deadline, *body_ec, limits);
+      if (expects_continue(request)) co_await connection.send_continue(limits);
+      settled = connection.parse_body(request, limits);
+      if (!settled) settled = co_await connection.read_rest(request, true);
+      if (*settled) {
+        co_await connection.answer_unreadable(*settled, limits);
         break;
       }
     }
-    deadline.expires_never();
-    // A large body grew the buffer; the connection keeps no more than a
-    // head's worth while it waits for its next request.
-    if (!watch.reading()) release_grown_buffer(buffer);
-
-    strings.reset();
-    RequestContext context{
-        worker,         snapshot, request,  client,  deadline,
-        *relay_buffers, watch,    key_memo, strings, request.keep_alive() && !gateway.draining()};
-    assign_request_id(context.request_id, request, worker);
-    context.body_read = Clock::now();
-    // A request read whole at once started when that read came, which the
-    // clock reading just taken stands for.
-    context.head_started = first_bytes_at.value_or(context.body_read);
-
-    bool keep_alive = co_await Pipeline::handle(context);
+    auto context = connection.hand_over(snapshot, request);
+    const bool keep_alive = co_await Pipeline::handle(context);
     if (!keep_alive) {
-      client_asked_to_close = !request.keep_alive() && buffer.size() == 0;
+      connection.note_last_answer(request);
       break;
     }
   }
-
-  Worker::untrack(tracked);
-  watch.cancel();
-  if (client_left || client_asked_to_close) {
-    // Nothing more can come that would turn the close into a reset (a client
-    // that sent "Connection: close" sends no further request): no half-close
-    // and draining first, which would hold the connection until the client's
-    // own close and cost a wake-up and two system calls.
-    error_code ignored;
-    client.close(ignored);
-  } else {
-    co_await close_gracefully(client, deadline);
-  }
+  if (!connection.close_at_once()) co_await connection.close_gracefully();
 }
 
 net::awaitable<void> refuse_connection(net::ip::tcp::socket client) {

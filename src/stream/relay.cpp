@@ -115,153 +115,277 @@ void Relay::Buffers::release_grown() {
   release_if_over(wire, kKeptViews);
 }
 
-std::span<const std::string_view> Relay::take_pieces(const RelayOptions& options, std::size_t n,
-                                                     bool body_ended, bool read_to_length,
-                                                     RelayOutcome& outcome) {
+namespace {
+
+// One answer as Relay::run relays it: what is known of it so far, and the
+// steps run() takes between its awaits. A local of run(), so its state lies
+// in run()'s frame as the locals and lambdas it stands for did; every step is
+// plain code but write_rest, which is awaited only when a write must wait.
+// Local to this file, so that the steps called once are inlined into run().
+class Answer {
+ public:
+  using BodyRead = std::optional<Result<std::size_t, upstream::UpstreamError>>;
+
+  // The buffers, scanner, socket and write limit are the Relay's.
+  Answer(Relay::Buffers& buffers, std::optional<SseScanner>& scanner, net::ip::tcp::socket& client,
+         SocketDeadline& client_deadline, std::chrono::milliseconds write_timeout,
+         upstream::Exchange& exchange, const RelayOptions& options)
+      : buffers_(buffers),
+        scanner_(scanner),
+        client_(client),
+        client_deadline_(client_deadline),
+        write_timeout_(write_timeout),
+        exchange_(exchange),
+        options_(options),
+        length_(relayed_length(exchange)),
+        chunked_(!length_ && options.client_reads_chunks),
+        in_place_(exchange.reads_in_place()) {
+    outcome.close_delimited = !length_ && !options.client_reads_chunks;
+  }
+
+  // The head goes out with the first body bytes; until then it waits in
+  // Buffers::head.
+  void format_head(std::string_view head_fields, bool keep_alive);
+  // Streams are scanned beside the relay (usage, stripping); a JSON body
+  // keeps only its tail for the usage object.
+  void prepare_body_scan();
+
+  bool reads_in_place() const { return in_place_; }
+  // What the upstream connection holds of the body already; nullopt when
+  // its socket must be read (in run(), or through read_body for TLS).
+  BodyRead read_buffered();
+  // Takes a read of `n` bytes and offers it to the client: whether it was
+  // written, or nullopt when the rest must be awaited with write_rest.
+  std::optional<bool> relay_read(std::size_t n);
+  bool body_ended() const { return body_ended_; }
+  // The upstream failed before the body's end: recorded, and a stream the
+  // client has begun to read gets a last error event. Answers as relay_read.
+  std::optional<bool> end_on_upstream_error(const upstream::UpstreamError& error);
+  // The part of a write the socket did not take at once.
+  net::awaitable<bool> write_rest();
+
+  RelayOutcome outcome;
+
+ private:
+  void capture(std::size_t n);
+  std::span<const std::string_view> take_json_pieces(bool read_to_length);
+  std::span<const std::string_view> take_event_pieces(std::size_t n);
+  void report_completion();
+  std::optional<bool> write_now(std::span<const std::string_view> spans, bool last);
+  bool settle();
+
+  Relay::Buffers& buffers_;
+  std::optional<SseScanner>& scanner_;
+  net::ip::tcp::socket& client_;
+  SocketDeadline& client_deadline_;
+  const std::chrono::milliseconds write_timeout_;
+  upstream::Exchange& exchange_;
+  const RelayOptions& options_;
+  const std::optional<std::uint64_t> length_;
+  std::uint64_t body_read_ = 0;
+  WriteProgress progress_;
+  const bool chunked_;
+  // A plain upstream's body is relayed from its connection's read buffer; a
+  // TLS upstream's is copied into Buffers::read.
+  const bool in_place_;
+  bool filled_buffer_ = false;  // the last read filled buffers_.read
+  bool body_ended_ = false;
+  bool head_pending_ = true;
+  bool completion_reported_ = false;
+  // A JSON body's usage was read from the whole body at once.
+  bool json_usage_read_ = false;
+};
+
+void Answer::format_head(std::string_view head_fields, bool keep_alive) {
+  HeadWriter head(buffers_.head);
+  head.status_line(exchange_.status());
+  head.raw_fields(exchange_.forwarded_fields());
+  head.raw_fields(head_fields);
+  if (chunked_) {
+    head.field("Transfer-Encoding", "chunked");
+  } else if (length_ && !has_no_body(exchange_.status())) {
+    head.field("Content-Length", static_cast<std::size_t>(*length_));
+  }
+  if (!keep_alive || outcome.close_delimited) head.field("Connection", "close");
+  head.finish();
+}
+
+void Answer::prepare_body_scan() {
+  scanner_.reset();
+  if (exchange_.is_event_stream()) {
+    scanner_.emplace();
+    scanner_->set_strip_usage_only_chunks(options_.strip_usage_only_chunks);
+  }
+  buffers_.json_tail.clear();
+}
+
+Answer::BodyRead Answer::read_buffered() {
+  buffers_.pieces.clear();
+  if (in_place_) return exchange_.read_buffered_body(buffers_.pieces);
+  // Grown between reads, never while a write still points into it.
+  buffers_.copy_buffer();
+  if (filled_buffer_ && buffers_.read.size() < Relay::kLargestRead) {
+    buffers_.read.resize(std::min(buffers_.read.size() * 2, Relay::kLargestRead));
+  }
+  return exchange_.read_buffered_body(buffers_.read.data(), buffers_.read.size());
+}
+
+std::optional<bool> Answer::relay_read(std::size_t n) {
+  if (!in_place_) {
+    filled_buffer_ = n == buffers_.read.size();
+    if (n > 0) buffers_.pieces.emplace_back(buffers_.read.data(), n);
+  }
+  // The body's last piece goes out with the body's end (the last chunk) in
+  // one write, rather than waiting for the read that reports the end.
+  body_ended_ = n == 0 || exchange_.finished();
+  body_read_ += n;
+  const bool read_to_length = length_ && body_read_ >= *length_;
+  capture(n);
+  const auto spans = scanner_ ? take_event_pieces(n) : take_json_pieces(read_to_length);
+  // A Content-Length body's last piece is written after this report (and
+  // after its capture), as is a chunked body's end.
+  if (body_ended_ || read_to_length) report_completion();
+  // A piece that only completed a stripped event leaves nothing to write.
+  if (!body_ended_ && spans.empty()) return true;
+  return write_now(spans, body_ended_);
+}
+
+// Appends the read to the cache's capture, which is dropped once the body
+// outgrows its limit.
+void Answer::capture(std::size_t n) {
+  if (!options_.capture || outcome.capture_overflowed || n == 0) return;
+  outcome.capture_overflowed = options_.capture->size() + n > options_.capture_limit;
+  if (outcome.capture_overflowed) {
+    options_.capture->clear();
+    return;
+  }
+  for (auto piece : buffers_.pieces) options_.capture->append(piece);
+}
+
+// A JSON body is written as it was read; only its usage is looked for.
+std::span<const std::string_view> Answer::take_json_pieces(bool read_to_length) {
   const auto& pieces = buffers_.pieces;
-  if (options.capture && !outcome.capture_overflowed && n > 0) {
-    outcome.capture_overflowed = options.capture->size() + n > options.capture_limit;
-    if (outcome.capture_overflowed) {
-      options.capture->clear();
-    } else {
-      for (auto piece : pieces) options.capture->append(piece);
-    }
+  auto& tail = buffers_.json_tail;
+  if (read_to_length && tail.empty() && pieces.size() == 1) {
+    // The whole body in one piece (the usual case): its usage is read
+    // where it lies, before the next read reuses the buffer.
+    outcome.usage = usage_from_json_tail(pieces.front());
+    json_usage_read_ = true;
+  } else {
+    for (auto piece : pieces) keep_tail(tail, piece);
   }
-  if (!scanner_) {
-    auto& tail = buffers_.json_tail;
-    if (read_to_length && tail.empty() && pieces.size() == 1) {
-      // The whole body in one piece (the usual case): its usage is read
-      // where it lies, before the next read reuses the buffer.
-      outcome.usage = usage_from_json_tail(pieces.front());
-      json_usage_read_ = true;
-    } else {
-      for (auto piece : pieces) keep_tail(tail, piece);
-    }
-    if (body_ended && !json_usage_read_) outcome.usage = usage_from_json_tail(tail);
-    return pieces;
-  }
+  if (body_ended_ && !json_usage_read_) outcome.usage = usage_from_json_tail(tail);
+  return pieces;
+}
+
+// A stream is written as the scanner cuts it into events, less those it
+// strips; its usage and event count are the scanner's.
+std::span<const std::string_view> Answer::take_event_pieces(std::size_t n) {
+  auto& scanner = *scanner_;
+  const auto& pieces = buffers_.pieces;
   auto& spans = buffers_.spans;
   spans.clear();
   if (n > 0) {
-    if (options.gaps) {
-      options.gaps->on_event(Clock::now());
-      if (auto gap = options.gaps->last_gap()) {
-        options.gap_histogram.observe(options.shard, std::chrono::duration<double>(*gap).count());
+    if (options_.gaps) {
+      options_.gaps->on_event(Clock::now());
+      if (auto gap = options_.gaps->last_gap()) {
+        options_.gap_histogram.observe(options_.shard, std::chrono::duration<double>(*gap).count());
       }
     }
     // The spans of every piece stay valid until this read is written.
-    scanner_->feed(pieces.front(), spans);
-    for (std::size_t i = 1; i < pieces.size(); ++i) scanner_->feed_more(pieces[i], spans);
+    scanner.feed(pieces.front(), spans);
+    for (std::size_t i = 1; i < pieces.size(); ++i) scanner.feed_more(pieces[i], spans);
   }
-  if (body_ended) {
-    scanner_->finish(spans);
-    outcome.usage = scanner_->usage();
-    outcome.events = scanner_->events();
+  if (body_ended_) {
+    scanner.finish(spans);
+    outcome.usage = scanner.usage();
+    outcome.events = scanner.events();
   }
   return spans;
 }
 
+void Answer::report_completion() {
+  if (completion_reported_ || !options_.on_upstream_complete) return;
+  completion_reported_ = true;
+  options_.on_upstream_complete(outcome);
+}
+
+std::optional<bool> Answer::end_on_upstream_error(const upstream::UpstreamError& error) {
+  outcome.upstream_error = error;
+  if (scanner_) {
+    outcome.usage = scanner_->usage();
+    outcome.events = scanner_->events();
+  }
+  // Nothing reached the client: the caller may still fail over.
+  if (outcome.nothing_sent && error.failure != upstream::Failure::aborted) return true;
+  if (!scanner_ || outcome.client_failed || error.failure == upstream::Failure::aborted) {
+    return true;
+  }
+  // A partial event already sent is ended first, so the error event stands
+  // on its own. It is written from the head's buffer, which went out with
+  // the first body bytes.
+  auto& event = buffers_.head;
+  event.assign(scanner_->at_event_boundary() ? "" : "\n\n");
+  event += stream_error_event("The upstream stream was interrupted: " + error.describe(),
+                              error.is_timeout() ? "upstream_timeout" : "stream_interrupted");
+  const std::string_view data = event;
+  return write_now(std::span<const std::string_view>(&data, 1), true);
+}
+
+// Writes the pending head (once), then `spans` as one HTTP chunk (or as raw
+// bytes for a Content-Length body), then the last chunk if `last`. Offered
+// to the socket at once: whether it was written, or nullopt when the rest
+// must be awaited with write_rest. Plain code, not a coroutine: that would
+// cost a frame for every write of a stream.
+std::optional<bool> Answer::write_now(std::span<const std::string_view> spans, bool last) {
+  auto& wire = buffers_.wire;
+  wire.clear();
+  if (head_pending_) wire.push_back(net::buffer(buffers_.head));
+  std::size_t size = 0;
+  for (auto span : spans) size += span.size();
+  if (size > 0) {
+    if (chunked_) wire.push_back(chunk_size_line(buffers_.chunk_size_line, size));
+    for (auto span : spans) {
+      if (!span.empty()) wire.push_back(net::buffer(span));
+    }
+    if (chunked_) wire.push_back(net::buffer(kCrlf));
+  }
+  if (last && chunked_) wire.push_back(net::buffer(kLastChunk));
+  if (wire.empty()) return true;
+  progress_ = sluice::write_now(&client_, wire);
+  if (head_pending_) outcome.first_write = Clock::now();
+  head_pending_ = false;
+  outcome.nothing_sent = false;
+  if (!progress_.finished) return std::nullopt;
+  return settle();
+}
+
+net::awaitable<bool> Answer::write_rest() {
+  // The write timeout only guards a wait, so the clock is read only here
+  // and not for every write the socket takes at once.
+  progress_ = co_await sluice::write_rest_within(client_, client_deadline_, write_timeout_,
+                                                 buffers_.wire, progress_);
+  co_return settle();
+}
+
+bool Answer::settle() {
+  outcome.bytes_out += progress_.written;
+  if (progress_.ec) outcome.client_failed = true;
+  return !progress_.ec;
+}
+
+}  // namespace
+
 net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::string_view head_fields,
                                         bool keep_alive, const RelayOptions& options) {
-  RelayOutcome outcome;
-  const bool event_stream = exchange.is_event_stream();
-  const auto length = relayed_length(exchange);
-  const bool chunked = !length && options.client_reads_chunks;
-  outcome.close_delimited = !length && !options.client_reads_chunks;
-
-  HeadWriter head(buffers_.head);
-  head.status_line(exchange.status());
-  head.raw_fields(exchange.forwarded_fields());
-  head.raw_fields(head_fields);
-  if (chunked) {
-    head.field("Transfer-Encoding", "chunked");
-  } else if (length && !has_no_body(exchange.status())) {
-    head.field("Content-Length", static_cast<std::size_t>(*length));
-  }
-  if (!keep_alive || outcome.close_delimited) head.field("Connection", "close");
-  head.finish();
-
-  bool head_pending = true;
-  // Writes the pending head (once), then `spans` as one HTTP chunk (or as
-  // raw bytes for a Content-Length body), then the last chunk if `last`.
-  // Offered to the socket at once: whether it was written, or nullopt when
-  // the rest must be awaited with write_rest. Plain code, not a coroutine:
-  // that would cost a frame for every write of a stream.
-  WriteProgress progress;
-  auto settle = [&] {
-    outcome.bytes_out += progress.written;
-    if (progress.ec) outcome.client_failed = true;
-    return !progress.ec;
-  };
-  auto write_now = [&](std::span<const std::string_view> spans, bool last) -> std::optional<bool> {
-    auto& wire = buffers_.wire;
-    wire.clear();
-    if (head_pending) wire.push_back(net::buffer(buffers_.head));
-    std::size_t size = 0;
-    for (auto span : spans) size += span.size();
-    if (size > 0) {
-      if (chunked) wire.push_back(chunk_size_line(buffers_.chunk_size_line, size));
-      for (auto span : spans) {
-        if (!span.empty()) wire.push_back(net::buffer(span));
-      }
-      if (chunked) wire.push_back(net::buffer(kCrlf));
-    }
-    if (last && chunked) wire.push_back(net::buffer(kLastChunk));
-    if (wire.empty()) return true;
-    progress = sluice::write_now(&client_, wire);
-    if (head_pending) outcome.first_write = Clock::now();
-    head_pending = false;
-    outcome.nothing_sent = false;
-    if (!progress.finished) return std::nullopt;
-    return settle();
-  };
-  // The part of a write the socket did not take at once.
-  auto write_rest = [&]() -> net::awaitable<bool> {
-    // The write timeout only guards a wait, so the clock is read only here
-    // and not for every write the socket takes at once.
-    progress = co_await sluice::write_rest_within(client_, client_deadline_, write_timeout_,
-                                                  buffers_.wire, progress);
-    co_return settle();
-  };
-  auto write_one = [&](std::string_view data, bool last) {
-    return write_now(std::span<const std::string_view>(&data, data.empty() ? 0 : 1), last);
-  };
-
-  // Streams are scanned beside the relay (usage, stripping); a JSON body
-  // keeps only its tail for the usage object.
-  scanner_.reset();
-  if (event_stream) {
-    scanner_.emplace();
-    scanner_->set_strip_usage_only_chunks(options.strip_usage_only_chunks);
-  }
-  buffers_.json_tail.clear();
-  json_usage_read_ = false;
-  std::uint64_t body_read = 0;
-  bool completion_reported = false;
-  auto report_completion = [&] {
-    if (completion_reported || !options.on_upstream_complete) return;
-    completion_reported = true;
-    options.on_upstream_complete(outcome);
-  };
-
-  // A plain upstream's body is relayed from its connection's read buffer; a
-  // TLS upstream's is copied into buffers_.read.
-  const bool in_place = exchange.reads_in_place();
-  bool filled_buffer = false;
+  Answer answer(buffers_, scanner_, client_, client_deadline_, write_timeout_, exchange, options);
+  answer.format_head(head_fields, keep_alive);
+  answer.prepare_body_scan();
   for (;;) {
-    buffers_.pieces.clear();
-    if (!in_place) {
-      // Grown between reads, never while a write still points into it.
-      buffers_.copy_buffer();
-      if (filled_buffer && buffers_.read.size() < kLargestRead) {
-        buffers_.read.resize(std::min(buffers_.read.size() * 2, kLargestRead));
-      }
-    }
     // Named once: every local of this frame takes a slot of its own.
-    auto read = in_place ? exchange.read_buffered_body(buffers_.pieces)
-                         : exchange.read_buffered_body(buffers_.read.data(), buffers_.read.size());
+    auto read = answer.read_buffered();
     while (!read) {
-      if (!in_place) {
+      if (!answer.reads_in_place()) {
         read = co_await exchange.read_body(buffers_.read.data(), buffers_.read.size());
         break;
       }
@@ -273,50 +397,13 @@ net::awaitable<RelayOutcome> Relay::run(upstream::Exchange& exchange, std::strin
       read = exchange.finish_plain_body_read(read_ec, bytes, buffers_.pieces);
     }
     if (!read->ok()) {
-      outcome.upstream_error = read->error();
-      if (scanner_) {
-        outcome.usage = scanner_->usage();
-        outcome.events = scanner_->events();
-      }
-      if (outcome.nothing_sent && read->error().failure != upstream::Failure::aborted) {
-        // Nothing reached the client: the caller may still fail over.
-        co_return outcome;
-      }
-      if (event_stream && !outcome.client_failed &&
-          read->error().failure != upstream::Failure::aborted) {
-        // A partial event already sent is ended first, so the error event
-        // stands on its own.
-        std::string event = scanner_->at_event_boundary() ? "" : "\n\n";
-        event += stream_error_event(
-            "The upstream stream was interrupted: " + read->error().describe(),
-            read->error().is_timeout() ? "upstream_timeout" : "stream_interrupted");
-        if (!write_one(event, true)) co_await write_rest();
-      }
-      co_return outcome;
+      if (!answer.end_on_upstream_error(read->error())) co_await answer.write_rest();
+      co_return std::move(answer.outcome);
     }
-    const std::size_t n = read->value();
-    if (!in_place) {
-      filled_buffer = n == buffers_.read.size();
-      if (n > 0) buffers_.pieces.emplace_back(buffers_.read.data(), n);
-    }
-    // The body's last piece goes out with the body's end (the last chunk) in
-    // one write, rather than waiting for the read that reports the end.
-    const bool body_ended = n == 0 || exchange.finished();
-    body_read += n;
-    const bool read_to_length = length && body_read >= *length;
-    const auto spans = take_pieces(options, n, body_ended, read_to_length, outcome);
-    // A Content-Length body's last piece is written after this report (and
-    // after its capture), as is a chunked body's end.
-    if (body_ended || read_to_length) report_completion();
-    // A piece that only completed a stripped event leaves nothing to write.
-    std::optional<bool> written = true;
-    if (body_ended || !spans.empty()) written = write_now(spans, body_ended);
-    if (!written) written = co_await write_rest();
-    if (body_ended) {
-      outcome.complete = *written;
-      co_return outcome;
-    }
-    if (!*written) co_return outcome;
+    auto written = answer.relay_read(read->value());
+    if (!written) written = co_await answer.write_rest();
+    if (answer.body_ended()) answer.outcome.complete = *written;
+    if (answer.body_ended() || !*written) co_return std::move(answer.outcome);
   }
 }
 

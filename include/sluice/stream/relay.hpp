@@ -126,15 +126,6 @@ class Relay {
   // A member rather than a local of run(): that keeps run()'s frame under
   // the size glibc's per-thread cache serves.
   std::optional<SseScanner> scanner_;
-  // A JSON body's usage was read from the whole body at once.
-  bool json_usage_read_ = false;
-
-  // What one read of the body brought (buffers_.pieces, `n` bytes), taken
-  // in plain code: captured for the cache, then scanned (a stream) or kept
-  // for its usage (a JSON body). Returns the spans to write.
-  std::span<const std::string_view> take_pieces(const RelayOptions& options, std::size_t n,
-                                                bool body_ended, bool read_to_length,
-                                                RelayOutcome& outcome);
 };
 
 // The usage object near the end of a JSON body, from its last bytes only
