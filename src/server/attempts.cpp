@@ -123,7 +123,9 @@ void prepare_attempt(const RequestContext& context, const ForwardedRequest& inpu
                                  deployment.timeouts.idle, now + deployment.timeouts.total, now};
   const auto& adapter = *task.wiring->adapter;
   if (!adapter.passes_through()) {
-    task.refused_by_adapter = adapter.adapt_request(task.request, task.adapted);
+    if (auto refusal = adapter.adapt_request(task.request, task.adapted)) {
+      task.refused_by_adapter = std::make_unique<ApiError>(std::move(*refusal));
+    }
   }
 }
 
@@ -171,7 +173,7 @@ net::awaitable<void> settle_failure(RequestContext& context, router::Plan& plan,
         {deployment.id, "refused_by_adapter", std::nullopt, std::nullopt, std::nullopt, false});
     plan.abandon(task.attempt);
     failed.kind = router::ResultKind::client_error;
-    failed.gateway_error = std::move(task.refused_by_adapter);
+    failed.gateway_error = std::move(*task.refused_by_adapter);
     co_return;
   }
   auto& result = *task.result;

@@ -17,11 +17,11 @@ namespace sluice::server {
 namespace net = boost::asio;
 using namespace std::string_view_literals;
 
-ForwardedRequest forwarded_request(const ForwardingInputs& inputs, ForwardingStorage& storage) {
+void forwarded_request(const ForwardingInputs& inputs, ForwardingStorage& storage,
+                       ForwardedRequest& forwarded) {
   const auto& resolution = inputs.resolution;
   const auto& inspected = resolution.inspected;
   const auto body = resolution.body();
-  ForwardedRequest forwarded;
   forwarded.endpoint = inputs.endpoint;
   forwarded.query = inputs.query;
   forwarded.cache_step = inputs.cache_step;
@@ -31,7 +31,7 @@ ForwardedRequest forwarded_request(const ForwardingInputs& inputs, ForwardingSto
     forwarded.form_data = true;
     forwarded.body_prefix = body.substr(0, model.begin);
     forwarded.body_suffix = body.substr(model.end);
-    return forwarded;
+    return;
   }
   // `cache` is sluice's own field, never sent upstream; a body without it is
   // forwarded as it came.
@@ -61,7 +61,6 @@ ForwardedRequest forwarded_request(const ForwardingInputs& inputs, ForwardingSto
     forwarded.body_addition = kIncludeUsage;
     forwarded.strip_usage_only_chunks = true;
   }
-  return forwarded;
 }
 
 namespace {
@@ -237,40 +236,45 @@ bool needs_usage(const RequestContext& context, const RequestJob& job) {
 }
 
 // Runs the plan's attempts and relays the winner's answer; without one, the
-// client gets the last failure. (A coroutine of its own, so that a held
-// stream's frames keep only what the relay needs.)
-net::awaitable<bool> attempt_and_relay(RequestContext& context, const ForwardedRequest& forwarded,
-                                       stream::ClientWatch& watch) {
+// client gets the last failure. The watch on the client ends with it.
+net::awaitable<bool> attempt_and_relay(RequestContext& context, const ForwardedRequest& forwarded) {
+  auto& watch = context.watch;
   auto plan =
       context.snapshot->router->plan(*context.model, context.stream, context.worker.next_random());
-  AttemptTally tally;
-  auto outcome = co_await run_attempts(context, {forwarded, plan, &watch, true, tally});
-  take_tally(context, tally);
-  if (outcome.client_gone) co_return false;
-  if (!outcome.winner) {
-    co_return co_await answer_without_winner(context, outcome.last_failure.get());
+  bool keep = false;
+  {
+    AttemptTally tally;
+    auto outcome = co_await run_attempts(context, {forwarded, plan, &watch, true, tally});
+    take_tally(context, tally);
+    if (outcome.client_gone) {
+      keep = false;
+    } else if (!outcome.winner) {
+      keep = co_await answer_without_winner(context, outcome.last_failure.get());
+    } else {
+      keep = co_await relay_answer(context, forwarded, plan, *outcome.winner, watch);
+    }
   }
-  co_return co_await relay_answer(context, forwarded, plan, *outcome.winner, watch);
+  watch.stop();
+  context.client_gone = watch.client_gone();
+  co_return keep && !context.client_gone;
 }
 
 }  // namespace
 
+// Plain code that hands over attempt_and_relay's awaitable: a request costs
+// one coroutine frame here, not two.
 net::awaitable<bool> forward(RequestContext& context, RequestJob& job) {
   job.answered_by = AnsweredBy::upstream;
   const auto& request = context.request;
-  job.forwarded = forwarded_request(
+  forwarded_request(
       {job.resolution, job.route.endpoint, job.route.query, request.body(), context.stream,
        needs_usage(context, job), job.cache_step.cache ? &job.cache_step : nullptr},
-      job.forwarding_storage);
+      job.forwarding_storage, job.forwarded);
   job.forwarded.client_fields = request.forwarded_fields();
   job.forwarded.gateway_fields = gateway_fields_for(context);
 
-  auto& watch = context.watch;
-  watch.start();
-  bool keep = co_await attempt_and_relay(context, job.forwarded, watch);
-  watch.stop();
-  context.client_gone = watch.client_gone();
-  co_return keep && !context.client_gone;
+  context.watch.start();
+  return attempt_and_relay(context, job.forwarded);
 }
 
 net::awaitable<Result<std::string, ApiError>> internal_post(RequestContext& context,

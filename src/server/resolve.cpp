@@ -16,15 +16,14 @@ bool is_get_or_head(http::verb method) {
   return method == http::verb::get || method == http::verb::head;
 }
 
-Refusal method_not_allowed(const RequestLine& line, std::string_view path,
-                           std::string_view allowed) {
-  return {ApiError::method_not_allowed(line.method_name, path), allowed};
+std::optional<Refusal> method_not_allowed(const RequestLine& line, std::string_view path,
+                                          std::string_view allowed) {
+  return Refusal{ApiError::method_not_allowed(line.method_name, path), allowed};
 }
 
 }  // namespace
 
-Result<Route, Refusal> route_request(const RequestLine& line) {
-  Route route;
+std::optional<Refusal> route_request(const RequestLine& line, Route& route) {
   const auto query_start = line.target.find('?');
   route.path = line.target.substr(0, query_start);
   if (query_start != std::string_view::npos) route.query = line.target.substr(query_start);
@@ -33,7 +32,7 @@ Result<Route, Refusal> route_request(const RequestLine& line) {
   if (path == "/health") {
     if (!is_get_or_head(line.method)) return method_not_allowed(line, path, "Allow: GET, HEAD\r\n");
     route.kind = Route::Kind::health;
-    return route;
+    return std::nullopt;
   }
   // GET /v1/models lists the models, GET /v1/models/{model} describes one.
   constexpr std::string_view kModelsPath = "/v1/models";
@@ -47,18 +46,19 @@ Result<Route, Refusal> route_request(const RequestLine& line) {
       route.kind = Route::Kind::one_model;
       route.model_id = std::move(*name);
     }
-    return route;
+    return std::nullopt;
   }
   auto endpoint = proxied_endpoint(path);
   if (!endpoint) return Refusal{ApiError::unknown_path(path), {}};
   if (line.method != http::verb::post) return method_not_allowed(line, path, "Allow: POST\r\n");
+  route.kind = Route::Kind::proxied;
   route.endpoint = *endpoint;
-  return route;
+  return std::nullopt;
 }
 
-Result<Resolution, ApiError> resolve_body(const config::Config& config, std::string_view endpoint,
-                                          std::string_view body, std::string_view content_type,
-                                          std::string& storage) {
+std::optional<ApiError> resolve_body(const config::Config& config, std::string_view endpoint,
+                                     std::string_view body, std::string_view content_type,
+                                     std::string& storage, Resolution& resolution) {
   const auto form_boundary = form_data_boundary(content_type);
   auto inspect = [&] {
     return form_boundary ? inspect_multipart_body(body, *form_boundary)
@@ -76,9 +76,8 @@ Result<Resolution, ApiError> resolve_body(const config::Config& config, std::str
       inspected = inspect();
     }
   }
-  if (!inspected) return inspected.error();
+  if (!inspected) return std::move(inspected.error());
 
-  Resolution resolution;
   resolution.requested = config.find_model(inspected->model);
   resolution.max_tokens = inspected->max_tokens;
   if (resolution.requested && shaping::shapes(*resolution.requested)) {
@@ -92,15 +91,16 @@ Result<Resolution, ApiError> resolve_body(const config::Config& config, std::str
   resolution.text_bytes =
       inspected->form_data ? inspected->form_text_bytes : resolution.body().size();
   resolution.inspected = std::move(*inspected);
-  return resolution;
+  return std::nullopt;
 }
 
 // The phase, as the pipeline runs it.
 Next resolve(RequestContext& context, RequestJob& job) {
   const auto& request = context.request;
-  auto route = route_request({request.method(), request.method_string(), request.target()});
-  if (!route) return job.refuse(std::move(route.error()));
-  job.route = std::move(route.value());
+  if (auto refusal =
+          route_request({request.method(), request.method_string(), request.target()}, job.route)) {
+    return job.refuse(std::move(*refusal));
+  }
   job.presented_key =
       auth::extract_presented_key([&](std::string_view name) { return request[name]; });
   switch (job.route.kind) {
@@ -118,10 +118,10 @@ Next resolve(RequestContext& context, RequestJob& job) {
   if (auth.enabled() && !job.presented_key) {
     return job.refuse(*auth.admit({"", "", 0, Clock::now()}).error);
   }
-  auto resolution = resolve_body(*context.snapshot->config, job.route.endpoint, request.body(),
-                                 request.content_type(), job.with_default_model);
-  if (!resolution) return job.refuse(std::move(resolution.error()));
-  job.resolution = std::move(resolution.value());
+  if (auto refusal = resolve_body(*context.snapshot->config, job.route.endpoint, request.body(),
+                                  request.content_type(), job.with_default_model, job.resolution)) {
+    return job.refuse(std::move(*refusal));
+  }
   context.model = job.resolution.requested;
   return Next::go_on;
 }

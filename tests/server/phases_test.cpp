@@ -15,7 +15,9 @@ namespace {
 namespace http = boost::beast::http;
 
 Result<Route, Refusal> route(http::verb method, std::string_view target) {
-  return route_request({method, to_string(method), target});
+  Route route;
+  if (auto refusal = route_request({method, to_string(method), target}, route)) return *refusal;
+  return route;
 }
 
 TEST(ResolvePhase, HealthAnswersGetAndHeadOnly) {
@@ -82,7 +84,18 @@ models:
 }
 
 Result<Resolution, ApiError> resolve_json(std::string_view body, std::string& storage) {
-  return resolve_body(*test_config(), "/chat/completions", body, "application/json", storage);
+  Resolution resolution;
+  if (auto error = resolve_body(*test_config(), "/chat/completions", body, "application/json",
+                                storage, resolution)) {
+    return *error;
+  }
+  return resolution;
+}
+
+ForwardedRequest forward_of(const ForwardingInputs& inputs, ForwardingStorage& storage) {
+  ForwardedRequest forwarded;
+  forwarded_request(inputs, storage, forwarded);
+  return forwarded;
 }
 
 TEST(ResolvePhase, ABodyWithoutAModelGoesToTheEndpointsDefault) {
@@ -157,7 +170,7 @@ TEST(ForwardPhase, OnlyTheModelChangesInAPlainBody) {
   auto resolved = resolve_json(received, storage);
   ASSERT_TRUE(resolved);
   ForwardingStorage forwarding;
-  auto forwarded = forwarded_request(
+  auto forwarded = forward_of(
       {resolved.value(), "/chat/completions", "", received, false, true, nullptr}, forwarding);
   EXPECT_EQ(joined(forwarded, R"("up-chat")"),
             R"({"model":"up-chat","messages":[{"role":"user","content":"hi"}]})");
@@ -171,13 +184,13 @@ TEST(ForwardPhase, AStreamAsksForUsageWhenTheGatewayNeedsItAndTheClientDidNot) {
   auto resolved = resolve_json(received, storage);
   ASSERT_TRUE(resolved);
   ForwardingStorage forwarding;
-  auto needed = forwarded_request(
+  auto needed = forward_of(
       {resolved.value(), "/chat/completions", "", received, true, true, nullptr}, forwarding);
   EXPECT_EQ(joined(needed, R"("m")"),
             R"({"model":"m","stream":true,"messages":[],"stream_options":{"include_usage":true}})");
   EXPECT_TRUE(needed.strip_usage_only_chunks);
 
-  auto not_needed = forwarded_request(
+  auto not_needed = forward_of(
       {resolved.value(), "/chat/completions", "", received, true, false, nullptr}, forwarding);
   EXPECT_TRUE(not_needed.body_addition.empty());
   EXPECT_FALSE(not_needed.strip_usage_only_chunks);
@@ -186,9 +199,9 @@ TEST(ForwardPhase, AStreamAsksForUsageWhenTheGatewayNeedsItAndTheClientDidNot) {
       R"({"model":"chat","stream":true,"stream_options":{"include_usage":false},"messages":[]})";
   auto own_options = resolve_json(asked_already, storage);
   ASSERT_TRUE(own_options);
-  auto kept = forwarded_request(
-      {own_options.value(), "/chat/completions", "", asked_already, true, true, nullptr},
-      forwarding);
+  auto kept =
+      forward_of({own_options.value(), "/chat/completions", "", asked_already, true, true, nullptr},
+                 forwarding);
   EXPECT_TRUE(kept.body_addition.empty()) << "the client's own stream_options stand";
 }
 
@@ -198,7 +211,7 @@ TEST(ForwardPhase, SluicesOwnCacheFieldNeverGoesUpstream) {
   auto resolved = resolve_json(received, storage);
   ASSERT_TRUE(resolved);
   ForwardingStorage forwarding;
-  auto forwarded = forwarded_request(
+  auto forwarded = forward_of(
       {resolved.value(), "/chat/completions", "", received, false, false, nullptr}, forwarding);
   const auto body = joined(forwarded, R"("up")");
   EXPECT_EQ(body.find("cache"), std::string::npos) << body;

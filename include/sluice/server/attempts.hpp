@@ -43,8 +43,8 @@ struct AttemptTask {
   // What the deployment's protocol adapter rewrote of the request; or why
   // it could not, in which case the attempt was not made.
   std::string adapted;
-  std::optional<ApiError> refused_by_adapter;
-  TimePoint stopped{};  // when the other attempt's answer stopped this one
+  std::unique_ptr<ApiError> refused_by_adapter;  // rare: kept out of the task's size
+  TimePoint stopped{};                           // when the other attempt's answer stopped this one
   // Thrown in the attempt's own coroutine: the request rethrows it.
   std::exception_ptr escaped;
   // The race was unwound while the attempt ran: the attempt's coroutine

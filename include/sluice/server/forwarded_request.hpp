@@ -51,7 +51,8 @@ struct ForwardingStorage {
 
 // The request the attempts send: the body with the upstream's model to be
 // spliced in (and sluice's own fields out), and what the relay must strip.
-// The header fields are left to the caller.
-ForwardedRequest forwarded_request(const ForwardingInputs& inputs, ForwardingStorage& storage);
+// The header fields are left to the caller; `forwarded` is filled in place.
+void forwarded_request(const ForwardingInputs& inputs, ForwardingStorage& storage,
+                       ForwardedRequest& forwarded);
 
 }  // namespace sluice::server

@@ -40,8 +40,10 @@ struct Route {
   std::string model_id;       // one_model: the model asked about, unescaped
 };
 
-// Routes the path and checks the method against it.
-Result<Route, Refusal> route_request(const RequestLine& line);
+// Routes the path and checks the method against it, into `route` (filled
+// in place: the phases keep their results in the request's job rather than
+// moving them there).
+std::optional<Refusal> route_request(const RequestLine& line, Route& route);
 
 // What a proxied request's body says.
 struct Resolution {
@@ -72,8 +74,8 @@ struct Resolution {
 // `storage`. Rules and shaping come here, before authorize, so that the key
 // is charged for the body that goes upstream; models without either never
 // parse the body.
-Result<Resolution, ApiError> resolve_body(const config::Config& config, std::string_view endpoint,
-                                          std::string_view body, std::string_view content_type,
-                                          std::string& storage);
+std::optional<ApiError> resolve_body(const config::Config& config, std::string_view endpoint,
+                                     std::string_view body, std::string_view content_type,
+                                     std::string& storage, Resolution& resolution);
 
 }  // namespace sluice::server
