@@ -978,7 +978,7 @@ Deployment Loader::read_deployment(const Located& at, const std::string& model_n
                                    std::size_t deployment_index) {
   MappingReader map(
       at, {"id", "base_url", "api_key", "model", "headers", "timeouts", "tls_verify", "ca_file",
-           "weight", "max_parallel", "rpm", "warm_connections", "provider"});
+           "weight", "max_parallel", "rpm", "warm_connections", "provider", "anthropic_version"});
   if (!at.node.IsMap()) fail(at, std::string("expected a mapping, got ") + type_name(at.node));
 
   Deployment deployment;
@@ -1031,6 +1031,16 @@ Deployment Loader::read_deployment(const Located& at, const std::string& model_n
   if (auto value = map.get("provider")) {
     deployment.provider = read_non_empty_string(*value);
     deployment.provider_at = value->path + " (line " + std::to_string(value->line) + ")";
+  }
+  if (auto value = map.get("anthropic_version")) {
+    if (deployment.provider != "anthropic") {
+      fail(*value, "is accepted only with provider: anthropic");
+    }
+    deployment.anthropic_version = read_non_empty_string(*value);
+    // The version ends up in a request header; a stray newline would split it.
+    if (deployment.anthropic_version.find_first_of("\r\n") != std::string::npos) {
+      fail(*value, "must not contain line breaks");
+    }
   }
   return deployment;
 }

@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 
+#include "sluice/protocol/anthropic_adapter.hpp"
 #include "sluice/protocol/openai_adapter.hpp"
 
 namespace sluice::protocol {
@@ -15,6 +16,7 @@ struct Registry {
   std::map<std::string, AdapterFactory, std::less<>> factories{
       // One line per adapter sluice ships.
       {"openai", &make_openai_adapter},
+      {"anthropic", &make_anthropic_adapter},
   };
 };
 

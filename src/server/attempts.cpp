@@ -199,6 +199,16 @@ net::awaitable<void> settle_failure(RequestContext& context, router::Plan& plan,
   redact(failed.body, deployment.api_key);
   auto content_type = exchange.content_type();
   failed.content_type = content_type.empty() ? "application/json" : std::string(content_type);
+  // An upstream of another protocol words its errors its own way: the client
+  // gets them in its endpoint's shape, with the same status.
+  if (const auto& adapter = *task.wiring->adapter; !adapter.passes_through()) {
+    if (auto translator = adapter.translate_answer()) {
+      std::string translated;
+      translator->body(failed.body, translated);
+      failed.body = std::move(translated);
+      failed.content_type = translator->content_type(failed.content_type);
+    }
+  }
   failed.retry_after = exchange.retry_after();
   failed.kind = router::classify_status(failed.status, failed.body);
   auto ttft = std::chrono::duration_cast<router::Micros>(exchange.timing().first_byte -

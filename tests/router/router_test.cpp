@@ -436,5 +436,12 @@ TEST(ClassifyStatus, ContextWindowErrors) {
   EXPECT_EQ(classify_status(500, "context_length_exceeded"), ResultKind::retriable);
 }
 
+// Anthropic's 529 (overloaded_error) is tried elsewhere, as a 503 is.
+TEST(ClassifyStatus, AnthropicOverloadedIsRetriable) {
+  EXPECT_EQ(classify_status(529, R"({"error":{"type":"server_error","code":"overloaded"}})"),
+            ResultKind::retriable);
+  EXPECT_EQ(classify_status(503, ""), ResultKind::retriable);
+}
+
 }  // namespace
 }  // namespace sluice::router

@@ -58,6 +58,9 @@ struct Deployment {
   // answers through as they are.
   std::string provider = "openai";
   std::string provider_at;  // "models[0].deployments[1].provider (line 12)", for errors
+  // The anthropic-version header (provider anthropic only); "" = the
+  // adapter's default.
+  std::string anthropic_version;
 };
 
 enum class Strategy { latency, round_robin, weighted, least_busy, priority };
