@@ -58,6 +58,9 @@ struct Deployment {
   // answers through as they are.
   std::string provider = "openai";
   std::string provider_at;  // "models[0].deployments[1].provider (line 12)", for errors
+  // Azure OpenAI's `api-version` query parameter ("2024-10-21"); set only,
+  // and always, with `provider: azure`.
+  std::string api_version;
 };
 
 enum class Strategy { latency, round_robin, weighted, least_busy, priority };
