@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 
+#include "sluice/protocol/azure_adapter.hpp"
 #include "sluice/protocol/openai_adapter.hpp"
 
 namespace sluice::protocol {
@@ -14,6 +15,7 @@ struct Registry {
   std::mutex mutex;  // registrations and config loads may come from any thread
   std::map<std::string, AdapterFactory, std::less<>> factories{
       // One line per adapter sluice ships.
+      {"azure", &make_azure_adapter},
       {"openai", &make_openai_adapter},
   };
 };
