@@ -105,8 +105,9 @@ TEST(AzureAdapter, EscapesTheDeploymentName) {
             "?api-version=2024-10-21");
 
   const auto plain = azure_deployment("gpt-4.1_mini~eu");
+  auto plain_adapter = make_azure_adapter(plain);
   SentRequest unchanged(plain, "/chat/completions");
-  EXPECT_FALSE(make_azure_adapter(plain)->adapt_request(unchanged.request, unchanged.storage));
+  EXPECT_FALSE(plain_adapter->adapt_request(unchanged.request, unchanged.storage));
   EXPECT_EQ(unchanged.target(),
             "/openai/deployments/gpt-4.1_mini~eu/chat/completions?api-version=2024-10-21");
 }
@@ -126,21 +127,25 @@ TEST(AzureAdapter, SendsTheKeyAsApiKeyAndNeverAsAuthorization) {
 TEST(AzureAdapter, AConfiguredApiKeyHeaderOrNoKeySendsNoKeyOfItsOwn) {
   auto configured = azure_deployment();
   configured.headers = {{"Api-Key", "from-a-vault"}};
+  // The request points into the adapter, which the snapshot keeps as long.
+  auto configured_adapter = make_azure_adapter(configured);
   SentRequest chat(configured, "/chat/completions");
-  EXPECT_FALSE(make_azure_adapter(configured)->adapt_request(chat.request, chat.storage));
+  EXPECT_FALSE(configured_adapter->adapt_request(chat.request, chat.storage));
   EXPECT_EQ(chat.request.fields[2], "Api-Key: from-a-vault\r\n");
 
   auto keyless = azure_deployment();
   keyless.api_key.clear();
+  auto keyless_adapter = make_azure_adapter(keyless);
   SentRequest anonymous(keyless, "/chat/completions");
-  EXPECT_FALSE(make_azure_adapter(keyless)->adapt_request(anonymous.request, anonymous.storage));
+  EXPECT_FALSE(keyless_adapter->adapt_request(anonymous.request, anonymous.storage));
   EXPECT_EQ(anonymous.request.fields[2], "");
 }
 
 TEST(AzureAdapter, LeavesTheBodyAsItIs) {
   const auto deployment = azure_deployment();
+  auto adapter = make_azure_adapter(deployment);
   SentRequest chat(deployment, "/chat/completions");
-  EXPECT_FALSE(make_azure_adapter(deployment)->adapt_request(chat.request, chat.storage));
+  EXPECT_FALSE(adapter->adapt_request(chat.request, chat.storage));
   EXPECT_EQ(chat.request.body[0].data(), chat.body.data());
   EXPECT_EQ(chat.request.body[0].size(), chat.body.size());
 }
