@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "support/canned_upstream.hpp"
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
 #include "support/scripted_upstream.hpp"
