@@ -375,6 +375,7 @@ class Loader {
                              std::size_t deployment_index);
   void read_timeouts(const Located& at, Timeouts& timeouts) const;
   void read_headers(const Located& at, Deployment& deployment) const;
+  void read_api_version(const Located& at, const MappingReader& map, Deployment& deployment) const;
   void read_ca_file(const Located& at, Deployment& deployment) const;
   std::vector<std::string> read_model_references(const Located& at, const std::string& owner);
   void read_cache(const Located& at, const std::string& owner, Cache& cache);
@@ -976,9 +977,9 @@ void Loader::check_model_references(const Config& config,
 
 Deployment Loader::read_deployment(const Located& at, const std::string& model_name,
                                    std::size_t deployment_index) {
-  MappingReader map(
-      at, {"id", "base_url", "api_key", "model", "headers", "timeouts", "tls_verify", "ca_file",
-           "weight", "max_parallel", "rpm", "warm_connections", "provider", "anthropic_version"});
+  MappingReader map(at, {"id", "base_url", "api_key", "model", "headers", "timeouts", "tls_verify",
+                         "ca_file", "weight", "max_parallel", "rpm", "warm_connections", "provider",
+                         "anthropic_version", "api_version"});
   if (!at.node.IsMap()) fail(at, std::string("expected a mapping, got ") + type_name(at.node));
 
   Deployment deployment;
@@ -1042,7 +1043,38 @@ Deployment Loader::read_deployment(const Located& at, const std::string& model_n
       fail(*value, "must not contain line breaks");
     }
   }
+  read_api_version(at, map, deployment);
   return deployment;
+}
+
+// Azure OpenAI names the API version in every request's query; no other
+// provider reads it, so one given elsewhere is a mistake worth saying.
+void Loader::read_api_version(const Located& at, const MappingReader& map,
+                              Deployment& deployment) const {
+  const bool azure = deployment.provider == "azure";
+  auto value = map.get("api_version");
+  if (!value) {
+    if (azure) {
+      fail(join_path(at.path, "api_version"),
+           "missing required key (provider: azure needs the API version its requests name, "
+           "e.g. api_version: 2024-10-21)",
+           at.line);
+    }
+    return;
+  }
+  if (!azure) {
+    fail(*value,
+         "only for provider: azure (this deployment's provider is '" + deployment.provider + "')");
+  }
+  deployment.api_version = read_non_empty_string(*value);
+  // It is written into the request line as it is.
+  const auto allowed = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+  };
+  if (!std::all_of(deployment.api_version.begin(), deployment.api_version.end(), allowed)) {
+    fail(*value, "invalid API version '" + deployment.api_version +
+                     "' (letters, digits, '-', '.' and '_' only, e.g. 2024-10-21)");
+  }
 }
 
 void Loader::read_timeouts(const Located& at, Timeouts& timeouts) const {

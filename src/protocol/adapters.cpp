@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "sluice/protocol/anthropic_adapter.hpp"
+#include "sluice/protocol/azure_adapter.hpp"
 #include "sluice/protocol/openai_adapter.hpp"
 
 namespace sluice::protocol {
@@ -15,6 +16,7 @@ struct Registry {
   std::mutex mutex;  // registrations and config loads may come from any thread
   std::map<std::string, AdapterFactory, std::less<>> factories{
       // One line per adapter sluice ships.
+      {"azure", &make_azure_adapter},
       {"openai", &make_openai_adapter},
       {"anthropic", &make_anthropic_adapter},
   };

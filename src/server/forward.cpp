@@ -93,7 +93,10 @@ net::awaitable<bool> respond_failure(RequestContext& context, const FailedAttemp
   if (failed.gateway_error) co_return co_await respond_error(context, *failed.gateway_error);
   std::string retry_after;
   if (failed.retry_after) {
-    auto seconds = std::chrono::duration_cast<std::chrono::seconds>(*failed.retry_after).count();
+    // Retry-After has whole seconds only: rounded up, so that a client that
+    // keeps to it does not come back before the upstream's own time
+    // (retry-after-ms: 1500 is "Retry-After: 2").
+    auto seconds = std::chrono::ceil<std::chrono::seconds>(*failed.retry_after).count();
     retry_after.append("Retry-After: ").append(std::to_string(seconds)).append("\r\n");
   }
   co_return co_await respond_body(context, failed.status, failed.content_type, failed.body,

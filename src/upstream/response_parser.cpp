@@ -28,6 +28,14 @@ bool is_renamed_from_upstream(std::string_view name) {
   return field_name_is(name.substr(0, kNameOrPrefixSize), "x-ratelimit-");
 }
 
+// A field's value that is a whole number and nothing else.
+std::optional<unsigned> whole_number(std::string_view value) {
+  unsigned number = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), number);
+  if (ec != std::errc() || end != value.data() + value.size()) return std::nullopt;
+  return number;
+}
+
 }  // namespace
 
 std::size_t ResponseParser::take_body(std::string_view body, error_code& ec) {
@@ -103,6 +111,7 @@ std::size_t ResponseParser::read_plain_head(std::string_view bytes) {
     lines_.clear();
     content_type_at_ = content_type_size_ = 0;
     retry_after_.reset();
+    retry_after_ms_.reset();
     status_ = 0;
     return 0;
   }
@@ -222,11 +231,9 @@ void ResponseParser::on_field_impl(http::field name, boost::beast::string_view n
 
 void ResponseParser::keep_field(std::string_view name, std::string_view value) {
   if (field_name_is(name, "retry-after")) {
-    unsigned seconds = 0;
-    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds);
-    if (ec == std::errc() && end == value.data() + value.size()) {
-      retry_after_ = std::chrono::seconds(seconds);
-    }
+    if (auto seconds = whole_number(value)) retry_after_ = std::chrono::seconds(*seconds);
+  } else if (field_name_is(name, "retry-after-ms")) {
+    if (auto millis = whole_number(value)) retry_after_ms_ = std::chrono::milliseconds(*millis);
   } else if (field_name_is(name, "content-type")) {
     content_type_at_ = lines_.size() + name.size() + 2;
     content_type_size_ = value.size();

@@ -51,15 +51,18 @@ TEST(ShippedConfigs, ExampleLoadsWithItsVariablesSet) {
 
   bool saw_openai_key = false;
   bool saw_azure_key = false;
+  bool saw_azure_provider = false;
   for (const Model& model : config->models) {
     for (const Deployment& deployment : model.deployments) {
       saw_openai_key |= deployment.api_key == "sk-test";
       saw_azure_key |= deployment.api_key == "az-test";
+      saw_azure_provider |= deployment.provider == "azure" && !deployment.api_version.empty();
       EXPECT_TRUE(deployment.base_url.tls()) << deployment.id;
     }
   }
   EXPECT_TRUE(saw_openai_key);
   EXPECT_TRUE(saw_azure_key);
+  EXPECT_TRUE(saw_azure_provider);
 }
 
 TEST(ShippedConfigs, ExampleNamesTheMissingVariable) {

@@ -40,7 +40,7 @@ TEST(Adapters, AnUnknownProviderNamesItsPlaceAndTheKnownOnes) {
   } catch (const config::ConfigError& error) {
     EXPECT_STREQ(error.what(),
                  "models[0].deployments[0].provider: unknown provider 'anthropx' (known: "
-                 "anthropic, openai) (line 7)");
+                 "anthropic, azure, openai) (line 7)");
   }
 }
 

@@ -57,7 +57,7 @@ TEST(ResponseParser, KeepsEndToEndFieldsAsReceivedAndDropsHopByHopOnes) {
   EXPECT_EQ(parser.content_type(), "application/json; charset=utf-8");
   EXPECT_FALSE(parser.is_event_stream());
   ASSERT_TRUE(parser.retry_after().has_value());
-  EXPECT_EQ(parser.retry_after()->count(), 7);
+  EXPECT_EQ(*parser.retry_after(), std::chrono::seconds(7));
   EXPECT_TRUE(parser.keep_alive());
   EXPECT_EQ(sizeof body - parser.body_space_left(), 2u);
   EXPECT_EQ(std::string_view(body, 2), "{}");
@@ -80,6 +80,42 @@ TEST(ResponseParser, EventStreamWithoutLengthAndADatedRetryAfter) {
   EXPECT_EQ(parser.forwarded_fields(),
             "Content-Type: Text/Event-Stream; charset=utf-8\r\n"
             "Retry-After: Wed, 21 Oct 2026 07:28:00 GMT\r\n");
+}
+
+// Azure OpenAI sends retry-after-ms with Retry-After: the milliseconds are
+// the more precise, whichever order they come in.
+TEST(ResponseParser, RetryAfterMsIsPreferredToRetryAfter) {
+  for (const std::string fields : {"Retry-After: 2\r\nretry-after-ms: 1500\r\n",
+                                   "Retry-After-Ms: 1500\r\nRetry-After: 2\r\n"}) {
+    const std::string head = "HTTP/1.1 429 Too Many Requests\r\n" + fields +
+                             "Content-Length: 2\r\n"
+                             "\r\n"
+                             "{}";
+    ResponseParser parser;
+    char body[16];
+    parser.set_body_buffer(body, sizeof body);
+    error_code ec;
+    feed_parser(parser, head, ec);
+    ASSERT_TRUE(parser.is_done()) << ec.message();
+    EXPECT_EQ(parser.retry_after(), std::chrono::milliseconds(1500)) << fields;
+    EXPECT_EQ(parser.forwarded_fields(), fields) << "both are forwarded as they came";
+  }
+}
+
+TEST(ResponseParser, RetryAfterMsAloneOrUnreadable) {
+  const auto retry_after_of = [](const std::string& fields) {
+    const std::string head = "HTTP/1.1 429 Too Many Requests\r\n" + fields +
+                             "Content-Length: 0\r\n"
+                             "\r\n";
+    ResponseParser parser;
+    error_code ec;
+    feed_parser(parser, head, ec);
+    return parser.retry_after();
+  };
+  EXPECT_EQ(retry_after_of("retry-after-ms: 250\r\n"), std::chrono::milliseconds(250));
+  EXPECT_EQ(retry_after_of("retry-after-ms: 1.5\r\nRetry-After: 3\r\n"), std::chrono::seconds(3))
+      << "an unreadable retry-after-ms leaves Retry-After to speak";
+  EXPECT_EQ(retry_after_of("retry-after-ms: soon\r\n"), std::nullopt);
 }
 
 // A line written "Name: value" is kept as it came; any other spacing, an

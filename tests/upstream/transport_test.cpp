@@ -50,7 +50,7 @@ class CannedExchange final : public upstream::Exchange {
   std::string_view forwarded_fields() const override { return "Content-Type: text/plain\r\n"; }
   std::string_view content_type() const override { return "text/plain"; }
   bool is_event_stream() const override { return false; }
-  std::optional<std::chrono::seconds> retry_after() const override { return std::nullopt; }
+  std::optional<std::chrono::milliseconds> retry_after() const override { return std::nullopt; }
   std::optional<std::uint64_t> content_length() const override { return std::nullopt; }
   bool finished() const override { return next_ == pieces_.size(); }
   const upstream::Timing& timing() const override { return timing_; }

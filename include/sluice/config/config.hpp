@@ -61,6 +61,9 @@ struct Deployment {
   // The anthropic-version header (provider anthropic only); "" = the
   // adapter's default.
   std::string anthropic_version;
+  // Azure OpenAI's `api-version` query parameter ("2024-10-21"); set only,
+  // and always, with `provider: azure`.
+  std::string api_version;
 };
 
 enum class Strategy { latency, round_robin, weighted, least_busy, priority };

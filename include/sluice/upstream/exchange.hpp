@@ -155,7 +155,9 @@ class Exchange {
   virtual std::string_view forwarded_fields() const = 0;
   virtual std::string_view content_type() const = 0;
   virtual bool is_event_stream() const = 0;
-  virtual std::optional<std::chrono::seconds> retry_after() const = 0;
+  // How long the upstream asked to be left alone (retry-after-ms, or
+  // Retry-After's seconds), to the millisecond.
+  virtual std::optional<std::chrono::milliseconds> retry_after() const = 0;
   virtual std::optional<std::uint64_t> content_length() const = 0;
   // The body has been read to its end.
   virtual bool finished() const = 0;

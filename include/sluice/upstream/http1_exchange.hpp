@@ -24,7 +24,7 @@ class Http1Exchange final : public Exchange {
   std::string_view forwarded_fields() const override { return parser_->forwarded_fields(); }
   std::string_view content_type() const override { return parser_->content_type(); }
   bool is_event_stream() const override { return parser_->is_event_stream(); }
-  std::optional<std::chrono::seconds> retry_after() const override {
+  std::optional<std::chrono::milliseconds> retry_after() const override {
     return parser_->retry_after();
   }
   std::optional<std::uint64_t> content_length() const override {

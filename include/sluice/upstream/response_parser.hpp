@@ -16,10 +16,10 @@ namespace sluice::upstream {
 
 // Parses an upstream's response with Beast's parser, but builds no field
 // container: the gateway needs only the status, the framing (which Beast
-// tracks itself), the content type, Retry-After, and the end-to-end fields
-// as the lines it forwards to the client. Those lines are kept as received,
-// once, instead of one allocated field each that the relay then walked and
-// wrote out again.
+// tracks itself), the content type, Retry-After (or retry-after-ms), and
+// the end-to-end fields as the lines it forwards to the client. Those lines
+// are kept as received, once, instead of one allocated field each that the
+// relay then walked and wrote out again.
 //
 // The body goes into the caller's buffer, as with Beast's buffer_body: a
 // full buffer stops the parse with need_buffer. Or, where the caller keeps
@@ -49,8 +49,12 @@ class ResponseParser final : public PlainFirstParser<false, ResponseParser> {
     return forwarded_fields().substr(content_type_at_, content_type_size_);
   }
   bool is_event_stream() const;
-  // Retry-After in delta-seconds; nullopt when absent or a date.
-  std::optional<std::chrono::seconds> retry_after() const { return retry_after_; }
+  // How long the upstream asks to be left alone: retry-after-ms (Azure
+  // OpenAI's, the more precise) when it sent one, else Retry-After in
+  // delta-seconds; nullopt when neither came or Retry-After is a date.
+  std::optional<std::chrono::milliseconds> retry_after() const {
+    return retry_after_ms_ ? retry_after_ms_ : retry_after_;
+  }
 
   // Where the next body bytes go; what is left of it after a put.
   void set_body_buffer(char* data, std::size_t capacity) {
@@ -115,7 +119,8 @@ class ResponseParser final : public PlainFirstParser<false, ResponseParser> {
   Lines connection_options_;
   std::size_t content_type_at_ = 0;
   std::size_t content_type_size_ = 0;
-  std::optional<std::chrono::seconds> retry_after_;
+  std::optional<std::chrono::milliseconds> retry_after_;     // from Retry-After
+  std::optional<std::chrono::milliseconds> retry_after_ms_;  // from retry-after-ms
   char* body_data_ = nullptr;
   std::size_t body_space_ = 0;
   std::vector<std::string_view>* body_views_ = nullptr;
