@@ -1106,6 +1106,494 @@ TEST(MockServer, StopClosesOpenConnectionsAndIsIdempotent) {
 }
 
 // ---------------------------------------------------------------------------
+// Anthropic Messages (/v1/messages)
+
+const Headers kAnthropicHeaders = {{"anthropic-version", "2023-06-01"},
+                                   {"x-api-key", "sk-ant-test"}};
+
+Json messages_body(std::string model = "claude-test", bool stream = false,
+                   std::string content = "hello") {
+  Json body = {{"model", std::move(model)},
+               {"max_tokens", 256},
+               {"messages", Json::array({{{"role", "user"}, {"content", std::move(content)}}})}};
+  if (stream) body["stream"] = true;
+  return body;
+}
+
+Headers with_anthropic_headers(Headers extra) {
+  Headers headers = kAnthropicHeaders;
+  headers.insert(headers.end(), extra.begin(), extra.end());
+  return headers;
+}
+
+struct NamedEvent {
+  std::string name;  // from the "event:" line
+  Json data;
+};
+
+// "event: NAME\ndata: JSON\n\n"
+NamedEvent named_event(const std::string& event) {
+  constexpr std::string_view kEvent = "event: ";
+  if (!event.starts_with(kEvent)) return {"", Json::object({{"unnamed", event}})};
+  const auto line_end = event.find('\n');
+  return {event.substr(kEvent.size(), line_end - kEvent.size()), event_data(event)};
+}
+
+std::vector<NamedEvent> read_named_events(TestClient& client) {
+  std::vector<NamedEvent> events;
+  while (auto event = client.next_event()) events.push_back(named_event(*event));
+  return events;
+}
+
+// Checks the block structure every Anthropic stream keeps: message_start
+// first, message_stop last, and each block's deltas between its
+// content_block_start and content_block_stop, the blocks numbered 0, 1, ...
+// in order. Returns the type of each block started.
+std::vector<std::string> expect_well_formed_blocks(const std::vector<NamedEvent>& events) {
+  std::vector<std::string> block_types;
+  std::optional<std::size_t> open_block;
+  for (const auto& [name, data] : events) {
+    EXPECT_EQ(data["type"], name) << "the data's type repeats the event's name";
+    if (name == "content_block_start") {
+      EXPECT_FALSE(open_block.has_value()) << "a block started inside another";
+      EXPECT_EQ(data["index"], block_types.size());
+      open_block = data["index"].get<std::size_t>();
+      block_types.push_back(data["content_block"]["type"]);
+    } else if (name == "content_block_delta") {
+      if (!open_block) {
+        ADD_FAILURE() << "a delta outside a block";
+        continue;
+      }
+      EXPECT_EQ(data["index"], *open_block);
+    } else if (name == "content_block_stop") {
+      if (!open_block) {
+        ADD_FAILURE() << "a stop outside a block";
+        continue;
+      }
+      EXPECT_EQ(data["index"], *open_block);
+      open_block.reset();
+    }
+  }
+  EXPECT_FALSE(open_block.has_value()) << "a block was never stopped";
+  if (!events.empty()) {
+    EXPECT_EQ(events.front().name, "message_start");
+    EXPECT_EQ(events.back().name, "message_stop");
+  }
+  return block_types;
+}
+
+TEST(MockAnthropic, MessageHasAnthropicShapeAndEchoesModel) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  // 40 characters of content: an estimate of 10 input tokens.
+  const Response response =
+      client.post("/v1/messages", messages_body("claude-echoed", false, std::string(40, 'x')),
+                  with_anthropic_headers(
+                      {{"x-mock-cache-read-tokens", "5"}, {"x-mock-cache-creation-tokens", "7"}}));
+  ASSERT_FALSE(client.last_error()) << client.last_error().message();
+  EXPECT_EQ(response.result_int(), 200);
+  EXPECT_EQ(response[http::field::content_type], "application/json");
+
+  const Json body = Json::parse(response.body());
+  EXPECT_TRUE(body["id"].get<std::string>().starts_with("msg_"));
+  EXPECT_EQ(body["type"], "message");
+  EXPECT_EQ(body["role"], "assistant");
+  EXPECT_EQ(body["model"], "claude-echoed");
+  ASSERT_EQ(body["content"].size(), 1u);
+  EXPECT_EQ(body["content"][0]["type"], "text");
+  EXPECT_EQ(body["content"][0]["text"], expected_content(8));
+  EXPECT_EQ(body["stop_reason"], "end_turn");
+  EXPECT_TRUE(body["stop_sequence"].is_null());
+  EXPECT_EQ(body["usage"]["input_tokens"], 10);
+  EXPECT_EQ(body["usage"]["output_tokens"], 8);
+  EXPECT_EQ(body["usage"]["cache_read_input_tokens"], 5);
+  EXPECT_EQ(body["usage"]["cache_creation_input_tokens"], 7);
+
+  // The same token count rules as the OpenAI answers.
+  const Response short_answer = client.post("/v1/messages", messages_body(),
+                                            with_anthropic_headers({{"x-mock-tokens", "2"}}));
+  EXPECT_EQ(Json::parse(short_answer.body())["content"][0]["text"], "tok0 tok1 ");
+
+  const auto recorded = mock->recent_requests();
+  ASSERT_FALSE(recorded.empty());
+  EXPECT_EQ(recorded.back().target, "/v1/messages");
+  EXPECT_EQ(recorded.back().header("anthropic-version"), "2023-06-01");
+}
+
+TEST(MockAnthropic, CountTokensEstimatesTheMessagesAndSystem) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  Json body = messages_body("claude-test", false, std::string(40, 'x'));
+  body.erase("max_tokens");
+  body["system"] = std::string(20, 's');
+  const Response response = client.post("/v1/messages/count_tokens", body, kAnthropicHeaders);
+  EXPECT_EQ(response.result_int(), 200);
+  EXPECT_EQ(Json::parse(response.body()), Json({{"input_tokens", 15}}));
+}
+
+TEST(MockAnthropic, RequiresAnthropicVersionAndTheRequiredFields) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  // No x-api-key is needed: like Authorization on the OpenAI paths, it is
+  // never checked.
+  const Response no_version =
+      client.post("/v1/messages", messages_body(), {{"x-api-key", "sk-ant-test"}});
+  EXPECT_EQ(no_version.result_int(), 400);
+  const Json error = Json::parse(no_version.body());
+  EXPECT_EQ(error["type"], "error");
+  EXPECT_EQ(error["error"]["type"], "invalid_request_error");
+  EXPECT_NE(error["error"]["message"].get<std::string>().find("anthropic-version"),
+            std::string::npos);
+
+  Json no_max_tokens = messages_body();
+  no_max_tokens.erase("max_tokens");
+  const Response missing = client.post("/v1/messages", no_max_tokens, kAnthropicHeaders);
+  EXPECT_EQ(missing.result_int(), 400);
+  EXPECT_EQ(Json::parse(missing.body())["error"]["type"], "invalid_request_error");
+
+  const Response not_json =
+      client.request(http::verb::post, "/v1/messages", "{not json", kAnthropicHeaders);
+  EXPECT_EQ(not_json.result_int(), 400);
+  EXPECT_EQ(Json::parse(not_json.body())["type"], "error");
+
+  const Response wrong_method =
+      client.request(http::verb::get, "/v1/messages", {}, kAnthropicHeaders);
+  EXPECT_EQ(wrong_method.result_int(), 405);
+  EXPECT_EQ(Json::parse(wrong_method.body())["type"], "error");
+
+  EXPECT_EQ(client.post("/v1/messages", messages_body(), kAnthropicHeaders).result_int(), 200);
+}
+
+TEST(MockAnthropic, StreamSendsTheEventsInOrderAtTheInterval) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+  const auto sent = Clock::now();
+  ASSERT_FALSE(
+      client.send(http::verb::post, "/v1/messages", messages_body("claude-stream", true).dump(),
+                  with_anthropic_headers({{"x-mock-tokens", "3"}, {"x-mock-interval-ms", "40"}})));
+  ASSERT_FALSE(client.read_stream_head()) << client.last_error().message();
+  EXPECT_EQ(client.stream_message().result_int(), 200);
+  EXPECT_EQ(client.stream_message()[http::field::content_type], "text/event-stream");
+  std::vector<NamedEvent> events;
+  std::vector<Clock::duration> arrivals;
+  while (auto event = client.next_event()) {
+    arrivals.push_back(Clock::now() - sent);
+    events.push_back(named_event(*event));
+  }
+  ASSERT_FALSE(client.last_error()) << client.last_error().message();
+  EXPECT_TRUE(client.stream_done());
+
+  std::vector<std::string> names;
+  for (const auto& event : events) names.push_back(event.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"message_start", "content_block_start", "ping",
+                                             "content_block_delta", "content_block_delta",
+                                             "content_block_delta", "content_block_stop",
+                                             "message_delta", "message_stop"}));
+  EXPECT_EQ(expect_well_formed_blocks(events), std::vector<std::string>{"text"});
+  for (std::size_t i = 1; i < arrivals.size(); ++i) {
+    EXPECT_GE(arrivals[i] - arrivals[i - 1], 25ms) << "event " << i << " came too early";
+  }
+
+  const Json& message = events[0].data["message"];
+  EXPECT_EQ(message["model"], "claude-stream");
+  EXPECT_EQ(message["role"], "assistant");
+  EXPECT_TRUE(message["content"].empty());
+  EXPECT_GE(message["usage"]["input_tokens"], 1);
+  std::string text;
+  for (int i = 3; i < 6; ++i) {
+    EXPECT_EQ(events[i].data["delta"]["type"], "text_delta");
+    text += events[i].data["delta"]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, expected_content(3));
+  EXPECT_EQ(events[7].data["delta"]["stop_reason"], "end_turn");
+  EXPECT_EQ(events[7].data["usage"]["output_tokens"], 3);
+  EXPECT_TRUE(eventually([&] { return mock->stats().streams_completed == 1; }, 1s));
+}
+
+TEST(MockAnthropic, ToolUseAndThinkingStreamAsThePlainAnswerHasThem) {
+  Behaviour behaviour;
+  behaviour.tokens = 4;
+  auto mock = start_mock(behaviour);
+  TestClient client(mock->port());
+  Json request = messages_body();
+  request["tools"] =
+      Json::array({{{"name", "lookup_order"}, {"input_schema", {{"type", "object"}}}}});
+  const Headers headers = with_anthropic_headers({{"x-mock-anthropic", "tools,thinking"}});
+
+  const Response plain = client.post("/v1/messages", request, headers);
+  ASSERT_EQ(plain.result_int(), 200);
+  const Json message = Json::parse(plain.body());
+  ASSERT_EQ(message["content"].size(), 3u);
+  EXPECT_EQ(message["content"][0]["type"], "thinking");
+  EXPECT_FALSE(message["content"][0]["thinking"].get<std::string>().empty());
+  EXPECT_FALSE(message["content"][0]["signature"].get<std::string>().empty());
+  EXPECT_EQ(message["content"][1]["type"], "text");
+  EXPECT_EQ(message["content"][1]["text"], expected_content(4));
+  const Json& tool_use = message["content"][2];
+  EXPECT_EQ(tool_use["type"], "tool_use");
+  EXPECT_TRUE(tool_use["id"].get<std::string>().starts_with("toolu_"));
+  EXPECT_EQ(tool_use["name"], "lookup_order");
+  ASSERT_TRUE(tool_use["input"].is_object());
+  EXPECT_FALSE(tool_use["input"].empty());
+  EXPECT_EQ(message["stop_reason"], "tool_use");
+
+  request["stream"] = true;
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/messages", request.dump(), headers));
+  ASSERT_FALSE(client.read_stream_head()) << client.last_error().message();
+  const auto events = read_named_events(client);
+  ASSERT_FALSE(client.last_error()) << client.last_error().message();
+  EXPECT_EQ(expect_well_formed_blocks(events),
+            (std::vector<std::string>{"thinking", "text", "tool_use"}));
+
+  std::string thinking, signature, text, arguments;
+  std::size_t argument_pieces = 0;
+  bool a_piece_is_not_json = false;
+  std::string stop_reason;
+  for (const auto& [name, data] : events) {
+    if (name == "content_block_start" && data["index"] == 2) {
+      EXPECT_EQ(data["content_block"]["name"], "lookup_order");
+      EXPECT_TRUE(data["content_block"]["id"].get<std::string>().starts_with("toolu_"));
+      EXPECT_EQ(data["content_block"]["input"], Json::object());
+    }
+    if (name == "message_delta") stop_reason = data["delta"]["stop_reason"];
+    if (name != "content_block_delta") continue;
+    const Json& delta = data["delta"];
+    if (delta["type"] == "thinking_delta") {
+      EXPECT_EQ(data["index"], 0);
+      EXPECT_TRUE(signature.empty()) << "the signature comes after the thinking";
+      thinking += delta["thinking"].get<std::string>();
+    } else if (delta["type"] == "signature_delta") {
+      EXPECT_EQ(data["index"], 0);
+      signature += delta["signature"].get<std::string>();
+    } else if (delta["type"] == "text_delta") {
+      EXPECT_EQ(data["index"], 1);
+      text += delta["text"].get<std::string>();
+    } else if (delta["type"] == "input_json_delta") {
+      EXPECT_EQ(data["index"], 2);
+      const std::string piece = delta["partial_json"];
+      a_piece_is_not_json |= !Json::accept(piece);
+      arguments += piece;
+      ++argument_pieces;
+    } else {
+      ADD_FAILURE() << "unexpected delta " << delta.dump();
+    }
+  }
+  EXPECT_EQ(thinking, message["content"][0]["thinking"]);
+  EXPECT_EQ(signature, message["content"][0]["signature"]);
+  EXPECT_EQ(text, expected_content(4));
+  // The arguments arrive in many pieces split mid-token, and reassemble to
+  // the plain answer's input.
+  EXPECT_GT(argument_pieces, 5u);
+  EXPECT_TRUE(a_piece_is_not_json);
+  ASSERT_TRUE(Json::accept(arguments)) << arguments;
+  EXPECT_EQ(Json::parse(arguments), tool_use["input"]);
+  EXPECT_EQ(stop_reason, "tool_use");
+}
+
+TEST(MockAnthropic, BehaviourSelectsTheBlocksAndCacheCounts) {
+  Behaviour behaviour;
+  behaviour.anthropic_content = "tools";
+  behaviour.cache_read_tokens = 11;
+  auto mock = start_mock(behaviour);
+  TestClient client(mock->port());
+  const Json message =
+      Json::parse(client.post("/v1/messages", messages_body(), kAnthropicHeaders).body());
+  ASSERT_EQ(message["content"].size(), 2u);
+  EXPECT_EQ(message["content"][1]["type"], "tool_use");
+  EXPECT_EQ(message["content"][1]["name"], "get_weather");
+  EXPECT_EQ(message["usage"]["cache_read_input_tokens"], 11);
+
+  // The header overrides it for one request.
+  const Json thinking =
+      Json::parse(client
+                      .post("/v1/messages", messages_body(),
+                            with_anthropic_headers({{"x-mock-anthropic", "thinking"}}))
+                      .body());
+  EXPECT_EQ(thinking["content"][0]["type"], "thinking");
+  EXPECT_EQ(thinking["stop_reason"], "end_turn");
+
+  EXPECT_EQ(client
+                .post("/v1/messages", messages_body(),
+                      with_anthropic_headers({{"x-mock-anthropic", "pictures"}}))
+                .result_int(),
+            400);
+  EXPECT_EQ(
+      client
+          .request(
+              http::verb::post, "/mock/behaviour",
+              R"({"anthropic":"thinking,tools","cache_creation_tokens":4,"retry_after_ms":250})")
+          .result_int(),
+      204);
+  const Behaviour updated = mock->behaviour();
+  EXPECT_EQ(updated.anthropic_content, "thinking,tools");
+  EXPECT_EQ(updated.cache_creation_tokens, 4u);
+  EXPECT_EQ(updated.retry_after_ms, 250u);
+  EXPECT_EQ(client.request(http::verb::post, "/mock/behaviour", R"({"anthropic":"pictures"})")
+                .result_int(),
+            400);
+  Behaviour unknown_blocks;
+  unknown_blocks.anthropic_content = "pictures";
+  EXPECT_THROW(mock->set_behaviour(unknown_blocks), std::invalid_argument);
+}
+
+TEST(MockAnthropic, ScriptedErrorsHaveAnthropicShape) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+
+  const Response overloaded = client.post("/v1/messages", messages_body(),
+                                          with_anthropic_headers({{"x-mock-fail", "overloaded"}}));
+  EXPECT_EQ(overloaded.result_int(), 529);
+  EXPECT_EQ(overloaded[http::field::content_type], "application/json");
+  EXPECT_EQ(Json::parse(overloaded.body()),
+            Json::parse(
+                R"({"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}})"));
+
+  const std::vector<std::pair<std::string, std::string>> statuses = {
+      {"400", "invalid_request_error"},
+      {"401", "authentication_error"},
+      {"429", "rate_limit_error"},
+      {"500", "api_error"},
+      {"context", "invalid_request_error"}};
+  for (const auto& [mode, type] : statuses) {
+    const Response response =
+        client.post("/v1/messages", messages_body("claude-test", true),
+                    with_anthropic_headers({{"x-mock-fail", mode}, {"x-mock-retry-after", "3"}}));
+    const Json error = Json::parse(response.body());
+    EXPECT_EQ(error["type"], "error") << mode;
+    EXPECT_EQ(error["error"]["type"], type) << mode;
+    EXPECT_FALSE(error["error"]["message"].get<std::string>().empty()) << mode;
+    if (mode == "429") {
+      EXPECT_EQ(response.result_int(), 429);
+      EXPECT_EQ(response[http::field::retry_after], "3");
+    }
+  }
+
+  // The OpenAI paths keep their own shape for the same mode.
+  const Response openai =
+      client.post("/v1/chat/completions", chat_body(), {{"x-mock-fail", "overloaded"}});
+  EXPECT_EQ(openai.result_int(), 529);
+  EXPECT_EQ(Json::parse(openai.body())["error"]["type"], "server_error");
+}
+
+TEST(MockAnthropic, ErrorMidStreamSendsAFewDeltasThenAnErrorEvent) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/messages", messages_body("m", true).dump(),
+                           with_anthropic_headers({{"x-mock-fail", "error-mid"}})));
+  ASSERT_FALSE(client.read_stream_head());
+  EXPECT_EQ(client.stream_message().result_int(), 200);
+  const auto events = read_named_events(client);
+  ASSERT_FALSE(client.last_error()) << client.last_error().message();
+  ASSERT_EQ(events.size(), 7u);  // message_start, content_block_start, ping, 3 deltas, error
+  for (int i = 3; i < 6; ++i) EXPECT_EQ(events[i].name, "content_block_delta");
+  EXPECT_EQ(events[6].name, "error");
+  EXPECT_EQ(events[6].data["error"]["type"], "overloaded_error");
+
+  // A non-streamed request is answered normally.
+  EXPECT_EQ(client
+                .post("/v1/messages", messages_body(),
+                      with_anthropic_headers({{"x-mock-fail", "error-mid"}}))
+                .result_int(),
+            200);
+}
+
+TEST(MockServer, ErrorMidStreamOnOpenAiSendsAFewChunksThenAnError) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/chat/completions", chat_body("m", true).dump(),
+                           {{"x-mock-fail", "error-mid"}}));
+  ASSERT_FALSE(client.read_stream_head());
+  std::vector<Json> chunks;
+  while (auto event = client.next_event()) chunks.push_back(event_data(*event));
+  ASSERT_EQ(chunks.size(), 4u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(chunks[i]["object"], "chat.completion.chunk");
+  EXPECT_EQ(chunks[3]["error"]["type"], "server_error");
+}
+
+// ---------------------------------------------------------------------------
+// Azure OpenAI's deployment paths
+
+TEST(MockAzure, DeploymentPathsAnswerAsOpenAiDoes) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  const std::string base = "/openai/deployments/gpt-4o-prod";
+  const std::string version = "?api-version=2024-10-21";
+
+  const Response chat = client.post(base + "/chat/completions" + version, chat_body("azure-model"));
+  EXPECT_EQ(chat.result_int(), 200);
+  EXPECT_EQ(Json::parse(chat.body())["object"], "chat.completion");
+  EXPECT_EQ(Json::parse(chat.body())["choices"][0]["message"]["content"], expected_content(8));
+
+  const Response completion =
+      client.post(base + "/completions" + version, {{"model", "m"}, {"prompt", "hi"}});
+  EXPECT_EQ(completion.result_int(), 200);
+  EXPECT_EQ(Json::parse(completion.body())["object"], "text_completion");
+
+  const Response embedding =
+      client.post(base + "/embeddings" + version, {{"model", "m"}, {"input", "hello"}});
+  EXPECT_EQ(embedding.result_int(), 200);
+  EXPECT_EQ(Json::parse(embedding.body())["data"][0]["embedding"].size(), 16u);
+
+  // The same behaviours apply.
+  const Response limited =
+      client.post(base + "/chat/completions" + version, chat_body(), {{"x-mock-fail", "429"}});
+  EXPECT_EQ(limited.result_int(), 429);
+
+  ASSERT_FALSE(client.send(http::verb::post, base + "/chat/completions" + version,
+                           chat_body("m", true).dump(), {{"x-mock-tokens", "2"}}));
+  ASSERT_FALSE(client.read_stream_head());
+  int events = 0;
+  while (client.next_event()) ++events;
+  EXPECT_EQ(events, 4);  // 2 tokens, finish, [DONE]
+
+  const auto recorded = mock->recent_requests();
+  ASSERT_EQ(recorded.size(), 5u);
+  EXPECT_EQ(recorded.front().target, base + "/chat/completions" + version);
+  EXPECT_EQ(Json::parse(recorded.front().body)["model"], "azure-model");
+}
+
+TEST(MockAzure, ApiVersionIsRequired) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  for (const std::string target :
+       {"/openai/deployments/d/chat/completions", "/openai/deployments/d/embeddings?x=1",
+        "/openai/deployments/d/completions?api-version="}) {
+    const Response response = client.post(target, chat_body());
+    EXPECT_EQ(response.result_int(), 400) << target;
+    const Json error = Json::parse(response.body())["error"];
+    EXPECT_EQ(error["code"], "BadRequest") << target;
+    EXPECT_EQ(error["param"], "api-version") << target;
+    EXPECT_NE(error["message"].get<std::string>().find("api-version"), std::string::npos);
+  }
+  EXPECT_EQ(mock->recent_requests().size(), 3u);
+  // Only the deployment paths need it.
+  EXPECT_EQ(client.post("/v1/chat/completions", chat_body()).result_int(), 200);
+  EXPECT_EQ(client
+                .post("/openai/deployments/d/chat/completions?foo=bar&api-version=2024-10-21",
+                      chat_body())
+                .result_int(),
+            200);
+}
+
+TEST(MockAzure, RateLimitCarriesRetryAfterMsWhenAsked) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  const std::string target = "/openai/deployments/d/chat/completions?api-version=2024-10-21";
+  const Response asked =
+      client.post(target, chat_body(), {{"x-mock-fail", "429"}, {"x-mock-retry-after-ms", "1500"}});
+  EXPECT_EQ(asked.result_int(), 429);
+  EXPECT_EQ(asked["retry-after-ms"], "1500");
+  EXPECT_EQ(asked[http::field::retry_after], "1");
+
+  const Response plain = client.post(target, chat_body(), {{"x-mock-fail", "429"}});
+  EXPECT_EQ(plain.result_int(), 429);
+  EXPECT_EQ(plain.find("retry-after-ms"), plain.end());
+}
+
+// ---------------------------------------------------------------------------
 // The sluice-mock executable (its path comes from the build; skipped when run
 // outside ctest without SLUICE_MOCK_BINARY).
 
@@ -1132,11 +1620,25 @@ TEST(MockBinary, PrintsTheListeningLineServesAndExitsCleanlyOnSigterm) {
   EXPECT_EQ(child.wait_exit(5s), 0);
 }
 
+TEST(MockBinary, HelpNamesTheAnthropicAndAzureEndpoints) {
+  const auto binary = mock_binary();
+  if (!binary) GTEST_SKIP() << "sluice-mock not found; set SLUICE_MOCK_BINARY";
+  ChildProcess child(*binary, {"--help"});
+  EXPECT_EQ(child.wait_exit(5s), 0);
+  const std::string help = child.standard_output();
+  EXPECT_NE(help.find("/v1/messages"), std::string::npos) << help;
+  EXPECT_NE(help.find("/openai/deployments/"), std::string::npos) << help;
+  EXPECT_NE(help.find("--anthropic"), std::string::npos) << help;
+}
+
 TEST(MockBinary, BadArgumentsExitWithCode2) {
   const auto binary = mock_binary();
   if (!binary) GTEST_SKIP() << "sluice-mock not found; set SLUICE_MOCK_BINARY";
-  for (const auto& arguments : std::vector<std::vector<std::string>>{
-           {"--fail", "sometimes"}, {"--ttft", "soon"}, {"--listen", "nowhere"}, {"--what"}}) {
+  for (const auto& arguments : std::vector<std::vector<std::string>>{{"--fail", "sometimes"},
+                                                                     {"--ttft", "soon"},
+                                                                     {"--listen", "nowhere"},
+                                                                     {"--anthropic", "pictures"},
+                                                                     {"--what"}}) {
     ChildProcess child(*binary, arguments);
     EXPECT_EQ(child.wait_exit(5s), 2) << arguments.front();
     EXPECT_FALSE(child.standard_error().empty()) << arguments.front();

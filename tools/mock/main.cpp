@@ -1,4 +1,5 @@
-// sluice-mock: runs the mock OpenAI-compatible upstream until SIGINT/SIGTERM.
+// sluice-mock: runs the mock OpenAI-compatible (and Anthropic Messages) upstream
+// until SIGINT/SIGTERM.
 
 #include <pthread.h>
 #include <signal.h>
@@ -28,7 +29,13 @@ constexpr std::string_view kUsage =
 
 Serves an OpenAI-compatible mock API (chat/completions, completions,
 embeddings, responses, moderations, images, audio speech, transcriptions and
-translations, models) whose timing and failures are scripted.
+translations, models) whose timing and failures are scripted. It also answers
+  POST /v1/messages, /v1/messages/count_tokens
+                         Anthropic Messages, plain and streamed (needs an
+                         anthropic-version header; errors in Anthropic's shape)
+  POST /openai/deployments/NAME/{chat/completions,completions,embeddings}
+                         Azure OpenAI's paths, answered as OpenAI's (needs the
+                         api-version query parameter)
 
   --listen HOST:PORT     address to listen on (default 127.0.0.1:8000; port 0 picks one)
   --threads N            serving threads (default 1)
@@ -36,11 +43,16 @@ translations, models) whose timing and failures are scripted.
   --ttft-per-token DUR   extra first-token delay per prompt token (default 0)
   --interval DUR         gap between stream events (default 0)
   --tokens N             tokens per completion (default 8)
-  --fail MODE            400|401|500|503|429|context|stall|stall-mid|reset|reset-mid|
-                         garbage|truncate|endless|drip (default: none)
+  --fail MODE            400|401|500|503|429|overloaded|context|stall|stall-mid|reset|
+                         reset-mid|garbage|truncate|endless|drip|error-mid (default: none)
   --fail-rate X          probability in [0,1] that --fail applies (default 1)
   --stall DUR            how long stall modes sleep (default 60s)
   --retry-after N        Retry-After seconds on 429 (default 1)
+  --retry-after-ms N     also send retry-after-ms: N on 429, as Azure does (default: not sent)
+  --anthropic BLOCKS     extra /v1/messages blocks: tools|thinking|tools,thinking
+  --cache-read-tokens N  cache_read_input_tokens in /v1/messages usage (default 0)
+  --cache-creation-tokens N
+                         cache_creation_input_tokens in /v1/messages usage (default 0)
   --dims N               embedding dimensions (default 16)
   --tls-cert FILE        PEM certificate chain; with --tls-key serves HTTPS
   --tls-key FILE         PEM private key
@@ -188,6 +200,18 @@ Arguments parse_arguments(int argc, char** argv) {
       behaviour.stall = duration_option(option, value());
     } else if (option == "--retry-after") {
       behaviour.retry_after_s = count_option(option, value());
+    } else if (option == "--retry-after-ms") {
+      behaviour.retry_after_ms = count_option(option, value());
+    } else if (option == "--anthropic") {
+      const std::string_view blocks = value();
+      if (!sluice::mock::is_valid_anthropic_content(blocks)) {
+        throw UsageError{"unknown --anthropic blocks '" + std::string(blocks) + "'"};
+      }
+      behaviour.anthropic_content = std::string(blocks);
+    } else if (option == "--cache-read-tokens") {
+      behaviour.cache_read_tokens = count_option(option, value());
+    } else if (option == "--cache-creation-tokens") {
+      behaviour.cache_creation_tokens = count_option(option, value());
     } else if (option == "--dims") {
       behaviour.dims = count_option(option, value(), 1);
     } else if (option == "--tls-cert") {

@@ -33,6 +33,8 @@
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
+#include "mock/anthropic.hpp"
+
 namespace sluice::mock {
 
 namespace {
@@ -56,6 +58,8 @@ constexpr unsigned kMaxDims = 65536;
 constexpr std::uint64_t kContextLimitTokens = 8192;
 // Events a truncated stream sends before it is cut off.
 constexpr std::size_t kTruncateAfterEvents = 3;
+// Content deltas an "error-mid" stream sends before its error event.
+constexpr std::size_t kErrorMidAfterDeltas = 3;
 // An endless stream with no interval would flood the peer; this floor keeps it
 // a stream rather than a firehose.
 constexpr auto kEndlessMinInterval = std::chrono::milliseconds(1);
@@ -193,6 +197,8 @@ enum class FailMode {
   truncate,
   endless,
   drip,
+  overloaded,  // 529
+  error_mid,   // an error event in the middle of a stream
 };
 
 std::optional<FailMode> parse_fail_mode(std::string_view mode) {
@@ -212,6 +218,8 @@ std::optional<FailMode> parse_fail_mode(std::string_view mode) {
       {"truncate", FailMode::truncate},
       {"endless", FailMode::endless},
       {"drip", FailMode::drip},
+      {"overloaded", FailMode::overloaded},
+      {"error-mid", FailMode::error_mid},
   };
   for (const auto& [name, value] : kModes) {
     if (name == mode) return value;
@@ -232,6 +240,8 @@ enum class Endpoint {
   speech,          // /audio/speech: audio bytes back
   transcriptions,  // /audio/transcriptions and /audio/translations
   models,
+  messages,               // Anthropic's /v1/messages
+  messages_count_tokens,  // Anthropic's /v1/messages/count_tokens
   mock_stats,
   mock_behaviour,
   unknown,
@@ -256,7 +266,34 @@ Endpoint classify(std::string_view target) {
     return Endpoint::transcriptions;
   }
   if (path.ends_with("/models")) return Endpoint::models;
+  if (path.ends_with("/messages")) return Endpoint::messages;
+  if (path.ends_with("/messages/count_tokens")) return Endpoint::messages_count_tokens;
   return Endpoint::unknown;
+}
+
+bool is_anthropic(Endpoint endpoint) {
+  return endpoint == Endpoint::messages || endpoint == Endpoint::messages_count_tokens;
+}
+
+// Azure OpenAI names the deployment in the path and the API version in the
+// query: /openai/deployments/{deployment}/chat/completions?api-version=...
+bool is_azure_deployment_path(std::string_view target) {
+  return target.starts_with("/openai/deployments/");
+}
+
+bool has_query_parameter(std::string_view target, std::string_view name) {
+  const auto query_start = target.find('?');
+  if (query_start == std::string_view::npos) return false;
+  std::string_view query = target.substr(query_start + 1);
+  while (!query.empty()) {
+    const auto amp = query.find('&');
+    const std::string_view pair = query.substr(0, amp);
+    const std::string_view key = pair.substr(0, pair.find('='));
+    if (key == name && pair.size() > key.size() + 1) return true;
+    if (amp == std::string_view::npos) break;
+    query.remove_prefix(amp + 1);
+  }
+  return false;
 }
 
 bool is_control(Endpoint endpoint) {
@@ -296,6 +333,7 @@ struct Reply {
   std::string body;
   unsigned retry_after_s = 0;  // 0: no Retry-After header
   std::string_view content_type = "application/json";
+  unsigned retry_after_ms = 0;  // 0: no retry-after-ms header
 };
 
 Reply invalid_request(std::string_view message, std::string_view param = {},
@@ -349,6 +387,13 @@ std::uint64_t estimate_prompt_tokens(Endpoint endpoint, const Json& body) {
       if (auto instructions = body.find("instructions"); instructions != body.end()) {
         chars += text_chars(*instructions);
       }
+      break;
+    case Endpoint::messages:
+    case Endpoint::messages_count_tokens:
+      if (auto messages = body.find("messages"); messages != body.end()) {
+        chars += text_chars(*messages);
+      }
+      if (auto system = body.find("system"); system != body.end()) chars += text_chars(*system);
       break;
     default:
       break;
@@ -421,6 +466,7 @@ struct Plan {
   Clock::duration ttft{};
   std::vector<std::string> embedding_inputs;
   unsigned dims = 16;
+  anthropic::Answer anthropic_answer;  // for Endpoint::messages
 };
 
 void append_usage(std::string& out, const Plan& plan) {
@@ -576,6 +622,12 @@ std::string complete_body(const Plan& plan) {
       append_all_tokens(out, plan);
       out += R"("})";
       break;
+    case Endpoint::messages:
+      out = anthropic::message_body(plan.anthropic_answer);
+      break;
+    case Endpoint::messages_count_tokens:
+      out = anthropic::count_tokens_body(plan.prompt_tokens);
+      break;
     default:
       break;
   }
@@ -588,8 +640,13 @@ class EventScript {
  public:
   explicit EventScript(const Plan& plan) : plan_(plan) {
     const std::size_t tokens = plan.behaviour.tokens;
+    if (plan.endpoint == Endpoint::messages) {
+      script_anthropic();
+      return;
+    }
     if (plan.endpoint == Endpoint::responses || plan.endpoint == Endpoint::transcriptions) {
       count_ = tokens + 1;  // deltas, then response.completed or transcript.text.done
+      if (plan.fail == FailMode::error_mid) script_openai_error_mid();
       return;
     }
     count_ = tokens + 1 + (plan.include_usage ? 1 : 0) + 1;  // + finish, usage, [DONE]
@@ -603,12 +660,21 @@ class EventScript {
     prefix_ += R"(,"model":)";
     prefix_ += plan.model_json;
     prefix_ += R"(,"choices":)";
+    if (plan.fail == FailMode::error_mid) script_openai_error_mid();
   }
 
   std::size_t size() const { return count_; }
 
   // Appends event `index` with its SSE framing.
   void append_event(std::size_t index, std::string& out) const {
+    if (!scripted_.empty()) {
+      out += scripted_[index];
+      return;
+    }
+    if (plan_.endpoint == Endpoint::messages) {  // an endless Anthropic stream
+      anthropic::append_endless_event(plan_.anthropic_answer, index, out);
+      return;
+    }
     const std::size_t tokens = plan_.behaviour.tokens;
     if (index < tokens) {
       append_token_event(index, out);
@@ -647,6 +713,10 @@ class EventScript {
   // Appends the content event for token `index`; endless streams call this
   // past the scripted token count.
   void append_token_event(std::size_t index, std::string& out) const {
+    if (plan_.endpoint == Endpoint::messages) {
+      anthropic::append_endless_event(plan_.anthropic_answer, index, out);
+      return;
+    }
     if (plan_.endpoint == Endpoint::transcriptions) {
       out += R"(data: {"type":"transcript.text.delta","delta":")";
       append_token(out, index);
@@ -685,8 +755,53 @@ class EventScript {
   }
 
  private:
+  // A few tokens, then the error OpenAI sends when a stream fails midway.
+  void script_openai_error_mid() {
+    const std::size_t tokens = plan_.behaviour.tokens;
+    for (std::size_t index = 0; index < std::min(tokens, kErrorMidAfterDeltas); ++index) {
+      append_token_event(index, scripted_.emplace_back());
+    }
+    scripted_.push_back("data: " +
+                        error_body("The server had an error while processing your request. "
+                                   "Sorry about that!",
+                                   "server_error", {}, {}) +
+                        "\n\n");
+    count_ = scripted_.size();
+  }
+
+  // An Anthropic stream has too many kinds of event to format on demand, so
+  // it is formatted up front; an endless one is formatted as it goes.
+  void script_anthropic() {
+    if (plan_.fail == FailMode::endless) {
+      count_ = anthropic::kEventsBeforeFirstDelta + plan_.behaviour.tokens;
+      return;
+    }
+    scripted_ = anthropic::stream_events(plan_.anthropic_answer);
+    if (plan_.fail == FailMode::error_mid) {
+      // Cut after a few content deltas (one short of all of them in a short
+      // answer, so the error always comes before the answer is complete),
+      // then the error event Anthropic sends when it fails midway, most often
+      // an overload.
+      const auto total_deltas = static_cast<std::size_t>(
+          std::count_if(scripted_.begin(), scripted_.end(),
+                        [](const std::string& event) { return anthropic::is_delta_event(event); }));
+      const std::size_t kept_deltas =
+          std::min(kErrorMidAfterDeltas, total_deltas > 0 ? total_deltas - 1 : 0);
+      std::size_t deltas = 0;
+      auto cut = std::find_if(scripted_.begin(), scripted_.end(), [&](const std::string& event) {
+        return (anthropic::is_delta_event(event) && ++deltas > kept_deltas) ||
+               anthropic::is_message_delta_event(event);
+      });
+      scripted_.erase(cut, scripted_.end());
+      scripted_.push_back(anthropic::error_event("overloaded_error", "Overloaded"));
+    }
+    count_ = scripted_.size();
+  }
+
   const Plan& plan_;
   std::string prefix_;  // everything of a chunk up to the choices array
+  // Events formatted up front: an Anthropic stream, or any "error-mid" one.
+  std::vector<std::string> scripted_;
   std::size_t count_ = 0;
 };
 
@@ -711,7 +826,9 @@ void stamp_event(std::string& event) {
 // ---------------------------------------------------------------------------
 // Behaviour overrides
 
-std::optional<std::string> apply_header_overrides(const http::fields& fields,
+// `for_anthropic`: the request is for an Anthropic endpoint, the only ones the
+// Anthropic headers concern; the OpenAI paths skip looking them up.
+std::optional<std::string> apply_header_overrides(const http::fields& fields, bool for_anthropic,
                                                   Behaviour& behaviour) {
   auto header = [&](std::string_view name) -> std::optional<std::string_view> {
     auto found = fields.find(beast::string_view(name.data(), name.size()));
@@ -758,6 +875,21 @@ std::optional<std::string> apply_header_overrides(const http::fields& fields,
   if (!read_duration("x-mock-stall-ms", behaviour.stall)) return invalid("x-mock-stall-ms");
   if (!read_count("x-mock-retry-after", behaviour.retry_after_s)) {
     return invalid("x-mock-retry-after");
+  }
+  if (!read_count("x-mock-retry-after-ms", behaviour.retry_after_ms)) {
+    return invalid("x-mock-retry-after-ms");
+  }
+  if (for_anthropic) {
+    if (!read_count("x-mock-cache-read-tokens", behaviour.cache_read_tokens)) {
+      return invalid("x-mock-cache-read-tokens");
+    }
+    if (!read_count("x-mock-cache-creation-tokens", behaviour.cache_creation_tokens)) {
+      return invalid("x-mock-cache-creation-tokens");
+    }
+    if (auto value = header("x-mock-anthropic")) {
+      if (!anthropic::parse_content_choice(*value)) return invalid("x-mock-anthropic");
+      behaviour.anthropic_content.assign(value->data(), value->size());
+    }
   }
   if (header("x-mock-dims")) {
     if (!read_count("x-mock-dims", behaviour.dims) || behaviour.dims == 0 ||
@@ -820,6 +952,22 @@ std::optional<std::string> apply_behaviour_json(const Json& document, Behaviour&
       auto v = count();
       ok = v.has_value();
       if (ok) behaviour.retry_after_s = *v;
+    } else if (key == "retry_after_ms") {
+      auto v = count();
+      ok = v.has_value();
+      if (ok) behaviour.retry_after_ms = *v;
+    } else if (key == "cache_read_tokens") {
+      auto v = count();
+      ok = v.has_value();
+      if (ok) behaviour.cache_read_tokens = *v;
+    } else if (key == "cache_creation_tokens") {
+      auto v = count();
+      ok = v.has_value();
+      if (ok) behaviour.cache_creation_tokens = *v;
+    } else if (key == "anthropic") {
+      ok = value.is_string() &&
+           anthropic::parse_content_choice(value.get_ref<const std::string&>()).has_value();
+      if (ok) behaviour.anthropic_content = value.get<std::string>();
     } else if (key == "dims") {
       auto v = count();
       ok = v.has_value() && *v > 0 && *v <= kMaxDims;
@@ -851,8 +999,12 @@ Json behaviour_json(const Behaviour& behaviour) {
       {"stall_ms", behaviour.stall.count()},
       {"fail_rate", behaviour.fail_rate},
       {"retry_after", behaviour.retry_after_s},
+      {"retry_after_ms", behaviour.retry_after_ms},
       {"dims", behaviour.dims},
       {"stamp", behaviour.stamp},
+      {"anthropic", behaviour.anthropic_content},
+      {"cache_read_tokens", behaviour.cache_read_tokens},
+      {"cache_creation_tokens", behaviour.cache_creation_tokens},
   };
 }
 
@@ -860,11 +1012,14 @@ Json behaviour_json(const Behaviour& behaviour) {
 // HTTP framing
 
 void append_head(std::string& out, unsigned status, std::string_view content_type,
-                 std::size_t content_length, bool keep_alive, unsigned retry_after_s = 0) {
+                 std::size_t content_length, bool keep_alive, unsigned retry_after_s = 0,
+                 unsigned retry_after_ms = 0) {
   out += "HTTP/1.1 ";
   append_uint(out, status);
   out += ' ';
-  out += to_std(http::obsolete_reason(http::int_to_status(status)));
+  // 529 is Anthropic's own status, unknown to Beast.
+  out += status == 529 ? std::string_view("Overloaded")
+                       : to_std(http::obsolete_reason(http::int_to_status(status)));
   out += "\r\nServer: sluice-mock\r\n";
   if (status != 204) {
     if (!content_type.empty()) {
@@ -879,6 +1034,11 @@ void append_head(std::string& out, unsigned status, std::string_view content_typ
   if (retry_after_s > 0) {
     out += "Retry-After: ";
     append_uint(out, retry_after_s);
+    out += "\r\n";
+  }
+  if (retry_after_ms > 0) {
+    out += "retry-after-ms: ";
+    append_uint(out, retry_after_ms);
     out += "\r\n";
   }
   out += keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
@@ -1029,8 +1189,16 @@ std::variant<Plan, Reply> make_plan(Endpoint endpoint, const Request& request, S
   Plan plan;
   plan.endpoint = endpoint;
   plan.behaviour = state.behaviour_snapshot();
-  if (auto error = apply_header_overrides(request.base(), plan.behaviour)) {
+  if (auto error = apply_header_overrides(request.base(), is_anthropic(endpoint), plan.behaviour)) {
     return invalid_request(*error, {}, "invalid_mock_header");
+  }
+  if (is_azure_deployment_path(to_std(request.target())) &&
+      !has_query_parameter(to_std(request.target()), "api-version")) {
+    return invalid_request("Missing required query parameter 'api-version'.", "api-version",
+                           "BadRequest");
+  }
+  if (is_anthropic(endpoint) && request.base().find("anthropic-version") == request.base().end()) {
+    return invalid_request("anthropic-version: header is required");
   }
   const bool skip_body =
       plan.behaviour.skip_body && (endpoint == Endpoint::chat || endpoint == Endpoint::completions);
@@ -1079,6 +1247,14 @@ std::variant<Plan, Reply> make_plan(Endpoint endpoint, const Request& request, S
         return invalid_request("'file' is a required file", "file");
       }
       break;
+    case Endpoint::messages:
+      if (!body.contains("max_tokens")) return invalid_request("max_tokens: Field required");
+      [[fallthrough]];
+    case Endpoint::messages_count_tokens:
+      if (!body.contains("messages") || !body["messages"].is_array()) {
+        return invalid_request("messages: Field required");
+      }
+      break;
     default:
       break;
   }
@@ -1090,7 +1266,8 @@ std::variant<Plan, Reply> make_plan(Endpoint endpoint, const Request& request, S
     append_json_string(plan.model_json, kDefaultModel);
   }
   if (endpoint == Endpoint::chat || endpoint == Endpoint::completions ||
-      endpoint == Endpoint::responses || endpoint == Endpoint::transcriptions) {
+      endpoint == Endpoint::responses || endpoint == Endpoint::transcriptions ||
+      endpoint == Endpoint::messages) {
     // A form's fields are text: "true" streams.
     if (auto stream = body.find("stream"); stream != body.end() && stream->is_string()) {
       plan.stream = stream->get_ref<const std::string&>() == "true";
@@ -1133,6 +1310,31 @@ std::variant<Plan, Reply> make_plan(Endpoint endpoint, const Request& request, S
                      .count();
   plan.ttft = plan.behaviour.ttft +
               plan.behaviour.ttft_per_prompt_token * static_cast<std::int64_t>(plan.prompt_tokens);
+  if (endpoint == Endpoint::messages) {
+    auto content = anthropic::parse_content_choice(plan.behaviour.anthropic_content);
+    if (!content) {
+      return invalid_request("unknown Anthropic content '" + plan.behaviour.anthropic_content +
+                             "'");
+    }
+    anthropic::Answer& answer = plan.anthropic_answer;
+    answer.serial = plan.serial;
+    const auto model = body.find("model");
+    answer.model = model != body.end() && model->is_string() ? model->get<std::string>()
+                                                             : std::string(kDefaultModel);
+    answer.text_tokens = plan.behaviour.tokens;
+    answer.content = *content;
+    // The tool the model "calls" is the first one the request offers.
+    if (auto tools = body.find("tools");
+        tools != body.end() && tools->is_array() && !tools->empty() && tools->front().is_object()) {
+      if (auto name = tools->front().find("name");
+          name != tools->front().end() && name->is_string()) {
+        answer.tool_name = name->get<std::string>();
+      }
+    }
+    answer.input_tokens = plan.prompt_tokens;
+    answer.cache_read_input_tokens = plan.behaviour.cache_read_tokens;
+    answer.cache_creation_input_tokens = plan.behaviour.cache_creation_tokens;
+  }
   return plan;
 }
 
@@ -1159,9 +1361,20 @@ std::optional<Reply> failure_reply(const Plan& plan) {
       append_uint(message, plan.behaviour.retry_after_s);
       message += "s.";
       return Reply{429, error_body(message, "requests", {}, "rate_limit_exceeded"),
-                   plan.behaviour.retry_after_s};
+                   plan.behaviour.retry_after_s, "application/json", plan.behaviour.retry_after_ms};
     }
+    case FailMode::overloaded:
+      // Anthropic's status for an overloaded API; OpenAI endpoints send it too,
+      // in their own shape, so one mode drives a gateway's handling of it.
+      return Reply{
+          529, error_body("The server is overloaded or not ready yet.", "server_error", {}, {})};
     case FailMode::context_length: {
+      if (is_anthropic(plan.endpoint)) {
+        std::string message = "prompt is too long: ";
+        append_uint(message, std::max(plan.prompt_tokens, kContextLimitTokens + 1));
+        message += " tokens > 8192 maximum";
+        return invalid_request(message);
+      }
       std::string message = "This model's maximum context length is 8192 tokens. However, your ";
       message += "messages resulted in ";
       append_uint(message, std::max(plan.prompt_tokens, kContextLimitTokens + 1));
@@ -1171,6 +1384,27 @@ std::optional<Reply> failure_reply(const Plan& plan) {
     default:
       return std::nullopt;
   }
+}
+
+// Anthropic's clients read errors in Anthropic's shape, so on its paths an
+// error reply keeps its status and headers and gets that body instead.
+Reply in_anthropic_shape(Reply reply) {
+  if (reply.status < 400) return reply;
+  std::string message;
+  if (reply.status == 401) {
+    message = "invalid x-api-key";
+  } else if (reply.status == 529) {
+    message = "Overloaded";
+  } else {
+    const Json openai = Json::parse(reply.body, nullptr, /*allow_exceptions=*/false);
+    const Json* text = openai.is_object() && openai.contains("error") &&
+                               openai["error"].is_object() && openai["error"].contains("message")
+                           ? &openai["error"]["message"]
+                           : nullptr;
+    message = text && text->is_string() ? text->get<std::string>() : "Error";
+  }
+  reply.body = anthropic::error_body(anthropic::error_type_for_status(reply.status), message);
+  return reply;
 }
 
 // ---------------------------------------------------------------------------
@@ -1383,8 +1617,9 @@ class Connection final : public ConnectionHandle,
 
   awaitable<Next> respond(Pending& pending) {
     const bool keep_alive = pending.request.keep_alive();
-    const std::optional<Reply> reply = reply_without_model(pending);
+    std::optional<Reply> reply = reply_without_model(pending);
     if (reply) {
+      if (is_anthropic(pending.endpoint)) reply = in_anthropic_shape(std::move(*reply));
       const Next next = co_await send_reply(*reply, keep_alive);
       co_return next;
     }
@@ -1448,13 +1683,16 @@ class Connection final : public ConnectionHandle,
       planned = invalid_request(std::string("Invalid request body: ") + error.what());
     }
     if (std::holds_alternative<Reply>(planned)) {
-      const Next next = co_await send_reply(std::get<Reply>(planned), keep_alive);
+      Reply& reply = std::get<Reply>(planned);
+      if (is_anthropic(pending.endpoint)) reply = in_anthropic_shape(std::move(reply));
+      const Next next = co_await send_reply(reply, keep_alive);
       co_return next;
     }
     const Plan& plan = std::get<Plan>(planned);
 
-    const std::optional<Reply> failure = failure_reply(plan);
+    std::optional<Reply> failure = failure_reply(plan);
     if (failure) {
+      if (is_anthropic(plan.endpoint)) failure = in_anthropic_shape(std::move(*failure));
       const Next next = co_await send_reply(*failure, keep_alive);
       co_return next;
     }
@@ -1605,7 +1843,7 @@ class Connection final : public ConnectionHandle,
   awaitable<Next> send_reply(const Reply& reply, bool keep_alive) {
     out_.clear();
     append_head(out_, reply.status, reply.content_type, reply.body.size(), keep_alive,
-                reply.retry_after_s);
+                reply.retry_after_s, reply.retry_after_ms);
     out_ += reply.body;
     const bool open = co_await send(out_);
     co_return (open && keep_alive) ? Next::keep_alive : Next::close;
@@ -1713,6 +1951,10 @@ std::string bracket_if_ipv6(const std::string& host) {
 
 bool is_valid_fail_mode(std::string_view mode) { return parse_fail_mode(mode).has_value(); }
 
+bool is_valid_anthropic_content(std::string_view content) {
+  return anthropic::parse_content_choice(content).has_value();
+}
+
 std::optional<std::string> RecordedRequest::header(std::string_view name) const {
   for (const auto& [key, value] : headers) {
     if (iequals(key, name)) return value;
@@ -1781,6 +2023,10 @@ struct MockServer::Impl {
 MockServer::MockServer(Options options) : impl_(std::make_unique<Impl>(std::move(options))) {
   if (!is_valid_fail_mode(impl_->options.behaviour.fail)) {
     throw std::invalid_argument("unknown failure mode '" + impl_->options.behaviour.fail + "'");
+  }
+  if (!is_valid_anthropic_content(impl_->options.behaviour.anthropic_content)) {
+    throw std::invalid_argument("unknown Anthropic content '" +
+                                impl_->options.behaviour.anthropic_content + "'");
   }
 }
 
@@ -1867,6 +2113,9 @@ Stats MockServer::stats() const { return impl_->state.stats(); }
 void MockServer::set_behaviour(Behaviour behaviour) {
   if (!is_valid_fail_mode(behaviour.fail)) {
     throw std::invalid_argument("unknown failure mode '" + behaviour.fail + "'");
+  }
+  if (!is_valid_anthropic_content(behaviour.anthropic_content)) {
+    throw std::invalid_argument("unknown Anthropic content '" + behaviour.anthropic_content + "'");
   }
   std::lock_guard lock(impl_->state.behaviour_mutex);
   impl_->state.behaviour = std::move(behaviour);

@@ -1,7 +1,8 @@
 #pragma once
 
-// sluice-mock: an OpenAI-compatible upstream whose timing and failures are
-// scripted, so tests, the demo and the benchmarks can drive the gateway into
+// sluice-mock: an OpenAI-compatible upstream, which also speaks Anthropic
+// Messages (/v1/messages) and Azure OpenAI's deployment paths, whose timing
+// and failures are scripted, so tests, the demo and the benchmarks can drive the gateway into
 // every situation a real provider produces (slow first token, stalls, resets,
 // rate limits) on demand and reproducibly.
 
@@ -29,8 +30,11 @@ struct Behaviour {
   std::chrono::milliseconds interval{0};
   // x-mock-tokens: content tokens in the completion.
   unsigned tokens = 8;
-  // x-mock-fail: "" | 400 | 401 | 500 | 503 | 429 | context | stall | stall-mid |
-  // reset | reset-mid | garbage | truncate | endless | drip
+  // x-mock-fail: "" | 400 | 401 | 500 | 503 | 429 | overloaded | context | stall |
+  // stall-mid | reset | reset-mid | garbage | truncate | endless | drip | error-mid.
+  // On /v1/messages the error statuses carry Anthropic's error shape;
+  // "overloaded" is a 529; "error-mid" ends a stream with an error event after
+  // a few deltas (a non-streamed request is answered normally).
   std::string fail;
   // x-mock-stall-ms: how long "stall" and "stall-mid" sleep.
   std::chrono::milliseconds stall{60000};
@@ -38,6 +42,9 @@ struct Behaviour {
   double fail_rate = 1.0;
   // x-mock-retry-after: Retry-After seconds sent with a 429.
   unsigned retry_after_s = 1;
+  // x-mock-retry-after-ms: when not 0, a 429 also carries retry-after-ms, as
+  // Azure OpenAI sends it.
+  unsigned retry_after_ms = 0;
   // x-mock-dims: embedding dimensions.
   unsigned dims = 16;
   // x-mock-stamp: 1 starts each streamed event's JSON with "sent_ns": the
@@ -50,10 +57,20 @@ struct Behaviour {
   // of large bodies then measures the path to the mock, not the mock's JSON
   // parser. Per request only.
   bool skip_body = false;
+  // x-mock-anthropic: the blocks a /v1/messages answer holds besides its
+  // text: "" | tools | thinking | tools,thinking. "tools" adds a tool_use block
+  // (stop_reason "tool_use"), "thinking" a thinking block before the text.
+  std::string anthropic_content;
+  // x-mock-cache-read-tokens, x-mock-cache-creation-tokens: the prompt cache
+  // counts a /v1/messages answer reports in its usage.
+  unsigned cache_read_tokens = 0;
+  unsigned cache_creation_tokens = 0;
 };
 
 // True for "" and every failure mode listed on Behaviour::fail.
 bool is_valid_fail_mode(std::string_view mode);
+// True for every value listed on Behaviour::anthropic_content.
+bool is_valid_anthropic_content(std::string_view content);
 
 struct Stats {
   std::uint64_t connections_accepted = 0;  // TCP connections accepted since start
