@@ -3,7 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/openai/api_error.hpp"
-#include "sluice/stream/relay.hpp"
+#include "sluice/stream/sse_events.hpp"
 
 namespace sluice::protocol::anthropic {
 
@@ -218,19 +218,9 @@ void EventTranslator::on_message_start(const json& message, std::string& out) {
 
 void EventTranslator::event(std::string_view upstream_event, std::string& out) {
   if (finished_) return;
-  // The event's data lines, joined as SSE joins them; its `event:` line
-  // repeats the payload's type, which is what is read.
-  std::string data;
-  while (!upstream_event.empty()) {
-    auto end = upstream_event.find_first_of("\r\n");
-    auto line = upstream_event.substr(0, end);
-    upstream_event.remove_prefix(end == std::string_view::npos ? upstream_event.size() : end + 1);
-    if (!line.starts_with("data:")) continue;
-    line.remove_prefix(5);
-    if (line.starts_with(' ')) line.remove_prefix(1);
-    if (!data.empty()) data += '\n';
-    data.append(line);
-  }
+  // The event's `event:` line repeats the payload's type, which is what is
+  // read.
+  const auto data = stream::event_data(upstream_event);
   if (data.empty()) return;
   const auto payload = json::parse(data, nullptr, false);
   // A payload that is no JSON says nothing the client could use.
