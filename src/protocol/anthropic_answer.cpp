@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/openai/api_error.hpp"
+#include "sluice/protocol/json_fields.hpp"
 #include "sluice/stream/sse_events.hpp"
 
 namespace sluice::protocol::anthropic {
@@ -12,28 +13,10 @@ namespace {
 using nlohmann::json;
 using namespace std::string_view_literals;
 
-// Never throws, even on text that is not UTF-8 (parsed text always is).
-std::string dump(const json& value) {
-  return value.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-const json* field(const json& object, std::string_view name) {
-  if (!object.is_object()) return nullptr;
-  auto found = object.find(name);
-  if (found == object.end() || found->is_null()) return nullptr;
-  return &*found;
-}
-
-std::string_view text_field(const json& object, std::string_view name) {
-  const auto* value = field(object, name);
-  return value && value->is_string() ? std::string_view(value->get_ref<const std::string&>())
-                                     : std::string_view();
-}
-
-std::uint64_t count_field(const json& object, std::string_view name) {
-  const auto* value = field(object, name);
-  return value && value->is_number_unsigned() ? value->get<std::uint64_t>() : 0;
-}
+using json_fields::count_field;
+using json_fields::dump;
+using json_fields::field;
+using json_fields::text_field;
 
 // OpenAI's usage for Anthropic's token counts: Anthropic counts cached
 // prompt tokens apart from input_tokens, OpenAI counts them in.
