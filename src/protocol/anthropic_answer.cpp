@@ -3,7 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/openai/api_error.hpp"
-#include "sluice/stream/relay.hpp"
+#include "sluice/protocol/json_fields.hpp"
+#include "sluice/stream/sse_events.hpp"
 
 namespace sluice::protocol::anthropic {
 
@@ -12,28 +13,10 @@ namespace {
 using nlohmann::json;
 using namespace std::string_view_literals;
 
-// Never throws, even on text that is not UTF-8 (parsed text always is).
-std::string dump(const json& value) {
-  return value.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-const json* field(const json& object, std::string_view name) {
-  if (!object.is_object()) return nullptr;
-  auto found = object.find(name);
-  if (found == object.end() || found->is_null()) return nullptr;
-  return &*found;
-}
-
-std::string_view text_field(const json& object, std::string_view name) {
-  const auto* value = field(object, name);
-  return value && value->is_string() ? std::string_view(value->get_ref<const std::string&>())
-                                     : std::string_view();
-}
-
-std::uint64_t count_field(const json& object, std::string_view name) {
-  const auto* value = field(object, name);
-  return value && value->is_number_unsigned() ? value->get<std::uint64_t>() : 0;
-}
+using json_fields::count_field;
+using json_fields::dump;
+using json_fields::field;
+using json_fields::text_field;
 
 // OpenAI's usage for Anthropic's token counts: Anthropic counts cached
 // prompt tokens apart from input_tokens, OpenAI counts them in.
@@ -218,19 +201,9 @@ void EventTranslator::on_message_start(const json& message, std::string& out) {
 
 void EventTranslator::event(std::string_view upstream_event, std::string& out) {
   if (finished_) return;
-  // The event's data lines, joined as SSE joins them; its `event:` line
-  // repeats the payload's type, which is what is read.
-  std::string data;
-  while (!upstream_event.empty()) {
-    auto end = upstream_event.find_first_of("\r\n");
-    auto line = upstream_event.substr(0, end);
-    upstream_event.remove_prefix(end == std::string_view::npos ? upstream_event.size() : end + 1);
-    if (!line.starts_with("data:")) continue;
-    line.remove_prefix(5);
-    if (line.starts_with(' ')) line.remove_prefix(1);
-    if (!data.empty()) data += '\n';
-    data.append(line);
-  }
+  // The event's `event:` line repeats the payload's type, which is what is
+  // read.
+  const auto data = stream::event_data(upstream_event);
   if (data.empty()) return;
   const auto payload = json::parse(data, nullptr, false);
   // A payload that is no JSON says nothing the client could use.

@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "sluice/protocol/json_fields.hpp"
+
 namespace sluice::protocol::anthropic {
 
 namespace {
@@ -10,33 +12,13 @@ namespace {
 using nlohmann::json;
 using namespace std::string_view_literals;
 
-// Refuses the request with `param` named; its message says why.
-ApiError refused(std::string param, std::string why) {
-  return ApiError::invalid_request("`" + param + "` " + why, param, "unsupported_parameter");
-}
+using json_fields::field;
+using json_fields::invalid;
+using json_fields::refused;
+using json_fields::text_field;
 
 ApiError unsupported(std::string param) {
   return refused(std::move(param), "is not supported by provider anthropic.");
-}
-
-ApiError invalid(std::string param, std::string what) {
-  return ApiError::invalid_request("`" + param + "` " + what, param, "invalid_value");
-}
-
-// The field's value, or null when it is absent or null (which OpenAI treats
-// as absent).
-const json* field(const json& object, std::string_view name) {
-  auto found = object.find(name);
-  if (found == object.end() || found->is_null()) return nullptr;
-  return &*found;
-}
-
-// A string field's text; "" when it is absent or no string.
-std::string_view text_field(const json& object, std::string_view name) {
-  if (!object.is_object()) return {};
-  const auto* value = field(object, name);
-  return value && value->is_string() ? std::string_view(value->get_ref<const std::string&>())
-                                     : std::string_view();
 }
 
 bool is_zero(const json& value) { return value.is_number() && value.get<double>() == 0.0; }
@@ -380,7 +362,7 @@ Result<std::string, ApiError> translate_chat_request(std::string_view openai_bod
   }
   if (tool_choice) out["tool_choice"] = std::move(*tool_choice);
 
-  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+  return json_fields::dump(out);
 }
 
 }  // namespace sluice::protocol::anthropic

@@ -12,18 +12,12 @@
 #include "sluice/http/drain_aware_read.hpp"
 #include "sluice/http/eager_write.hpp"
 #include "sluice/http/http_head.hpp"
-#include "sluice/openai/api_error.hpp"
 
 namespace sluice::stream {
 
 namespace net = boost::asio;
 using net::as_tuple;
 using net::use_awaitable;
-
-std::string stream_error_event(std::string_view message, std::string_view code) {
-  ApiError error{502, std::string(message), "upstream_error", "", std::string(code)};
-  return "data: " + error.to_json() + "\n\n";
-}
 
 namespace {
 

@@ -10,30 +10,6 @@ namespace sluice::stream {
 
 namespace net = boost::asio;
 
-std::size_t next_event_end(std::string_view text, std::size_t& event_end) {
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c != '\n' && c != '\r') continue;
-    // A line ends at i; a second line ending right after it is the blank
-    // line that ends the event.
-    std::size_t next = i + 1;
-    if (c == '\r' && next < text.size() && text[next] == '\n') ++next;
-    if (next >= text.size()) return std::string_view::npos;
-    const char after = text[next];
-    if (after == '\n' || after == '\r') {
-      std::size_t end = next + 1;
-      if (after == '\r') {
-        if (end >= text.size()) return std::string_view::npos;  // CR LF may follow
-        if (text[end] == '\n') ++end;
-      }
-      event_end = i;
-      return end;
-    }
-    i = next - 1;
-  }
-  return std::string_view::npos;
-}
-
 namespace {
 
 void capture(const RelayOptions& options, std::string_view bytes, RelayOutcome& outcome) {

@@ -15,6 +15,7 @@
 #include "sluice/http/socket_deadline.hpp"
 #include "sluice/metrics/gap_tracker.hpp"
 #include "sluice/metrics/registry.hpp"
+#include "sluice/stream/sse_events.hpp"
 #include "sluice/stream/sse_scanner.hpp"
 #include "sluice/upstream/client.hpp"
 
@@ -132,8 +133,5 @@ class Relay {
 // (OpenAI puts `usage` after `choices`/`data`), so a large body need not be
 // kept whole.
 std::optional<Usage> usage_from_json_tail(std::string_view tail);
-
-// The SSE event sent when a stream breaks after its first byte.
-std::string stream_error_event(std::string_view message, std::string_view code);
 
 }  // namespace sluice::stream

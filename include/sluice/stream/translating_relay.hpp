@@ -9,6 +9,7 @@
 #include "sluice/http/socket_deadline.hpp"
 #include "sluice/stream/answer_translator.hpp"
 #include "sluice/stream/relay.hpp"
+#include "sluice/stream/sse_events.hpp"
 #include "sluice/upstream/client.hpp"
 
 namespace sluice::stream {
@@ -60,10 +61,5 @@ class TranslatingRelay {
   Relay::Buffers& buffers_;
   std::chrono::milliseconds write_timeout_;
 };
-
-// Where the first complete server-sent event in `text` ends: the index just
-// past the blank line that ends it (LF LF, CR LF CR LF, CR CR), or npos.
-// `event_end` is where the event's own lines end.
-std::size_t next_event_end(std::string_view text, std::size_t& event_end);
 
 }  // namespace sluice::stream
