@@ -320,8 +320,8 @@ std::optional<bool> Answer::end_on_upstream_error(const upstream::UpstreamError&
   // the first body bytes.
   auto& event = buffers_.head;
   event.assign(scanner_->at_event_boundary() ? "" : "\n\n");
-  event += stream_error_event("The upstream stream was interrupted: " + error.describe(),
-                              error.is_timeout() ? "upstream_timeout" : "stream_interrupted");
+  event += options_.error_event("The upstream stream was interrupted: " + error.describe(),
+                                error.is_timeout() ? "upstream_timeout" : "stream_interrupted");
   const std::string_view data = event;
   return write_now(std::span<const std::string_view>(&data, 1), true);
 }

@@ -285,7 +285,7 @@ KeysSeen keys_seen(std::string_view text, std::size_t from) {
 // The counters a usage object may carry, under the Chat Completions names
 // and the Responses API's.
 struct UsageCounts {
-  std::optional<std::uint64_t> prompt, input, completion, output, total;
+  std::optional<std::uint64_t> prompt, input, completion, output, total, cache_read, cache_creation;
 
   std::optional<std::uint64_t>* slot(std::string_view name) {
     if (name == "prompt_tokens") return &prompt;
@@ -293,11 +293,18 @@ struct UsageCounts {
     if (name == "completion_tokens") return &completion;
     if (name == "output_tokens") return &output;
     if (name == "total_tokens") return &total;
+    if (name == "cache_read_input_tokens") return &cache_read;
+    if (name == "cache_creation_input_tokens") return &cache_creation;
     return nullptr;
   }
 
   std::optional<Usage> to_usage() const {
-    auto prompt_count = prompt ? prompt : input;
+    // Anthropic's input_tokens leave out the prompt it read from or wrote to
+    // its cache, which it bills as input all the same.
+    auto prompt_count = prompt;
+    if (!prompt_count && input) {
+      prompt_count = *input + cache_read.value_or(0) + cache_creation.value_or(0);
+    }
     auto completion_count = completion ? completion : output;
     if (!prompt_count && !completion_count && !total) return std::nullopt;
     Usage result;
@@ -312,7 +319,8 @@ std::optional<Usage> usage_fields(const json& usage) {
   if (!usage.is_object()) return std::nullopt;
   UsageCounts counts;
   for (const char* name :
-       {"prompt_tokens", "input_tokens", "completion_tokens", "output_tokens", "total_tokens"}) {
+       {"prompt_tokens", "input_tokens", "completion_tokens", "output_tokens", "total_tokens",
+        "cache_read_input_tokens", "cache_creation_input_tokens"}) {
     auto it = usage.find(name);
     if (it != usage.end() && it->is_number_unsigned())
       *counts.slot(name) = it->get<std::uint64_t>();
@@ -856,7 +864,7 @@ bool SseScanner::inspect(std::string_view payload, bool want_usage_only, std::si
   if (!may_have_usage && !may_have_error) return false;
   if (!may_have_error) {
     if (const auto found = top_level_usage(text)) {
-      usage_ = found->usage;
+      take_usage(found->usage);
       return want_usage_only && found->usage_only_chunk;
     }
   }
@@ -864,8 +872,20 @@ bool SseScanner::inspect(std::string_view payload, bool want_usage_only, std::si
   if (!doc.is_object()) return false;
   if (may_have_error && is_error_payload(doc)) saw_error_ = true;
   if (!may_have_usage) return false;
-  if (auto found = find_usage(doc, kUsageSearchDepth)) usage_ = found;
+  if (auto found = find_usage(doc, kUsageSearchDepth)) take_usage(*found);
   return want_usage_only && is_usage_only_chunk(doc);
+}
+
+void SseScanner::take_usage(const Usage& found) {
+  // Anthropic's streams report in parts: the input in message_start, the
+  // output in message_delta. A later report without input keeps the input
+  // reported before it.
+  if (usage_ && found.prompt_tokens == 0 && usage_->prompt_tokens > 0) {
+    const auto input = usage_->prompt_tokens;
+    usage_ = Usage{input, found.completion_tokens, input + found.completion_tokens};
+    return;
+  }
+  usage_ = found;
 }
 
 void SseScanner::end_of_piece() {

@@ -121,7 +121,9 @@ net::awaitable<RelayOutcome> TranslatingRelay::relay_events(upstream::Exchange& 
                                    translator.content_type(exchange.content_type()), head_fields,
                                    keep_alive, std::nullopt, chunked);
   SseScanner scanner;  // reads the usage of the translated events
-  std::vector<std::string_view> unused_spans;
+  scanner.set_strip_usage_only_chunks(options.strip_usage_only_chunks);
+  std::vector<std::string_view> spans;  // what the client gets of `out`
+  std::string kept;                     // those spans, when one was stripped
   auto& buffer = buffers_.copy_buffer();
   std::string pending;  // upstream bytes of an event not yet whole
   std::string out;
@@ -136,7 +138,7 @@ net::awaitable<RelayOutcome> TranslatingRelay::relay_events(upstream::Exchange& 
       if (outcome.nothing_sent || aborted) co_return outcome;
       // After the first byte the client's stream ends with an error event,
       // never a clean end.
-      const auto event = stream_error_event(
+      const auto event = options.error_event(
           "The upstream stream was interrupted: " + read->error().describe(),
           read->error().is_timeout() ? "upstream_timeout" : "stream_interrupted");
       co_await write({}, event, chunked, true, outcome);
@@ -160,18 +162,25 @@ net::awaitable<RelayOutcome> TranslatingRelay::relay_events(upstream::Exchange& 
       translator.end_of_events(out);
       outcome.complete = true;
     }
+    std::string_view payload = out;
     if (!out.empty()) {
-      scanner.feed(out, unused_spans);
-      unused_spans.clear();
+      scanner.feed(out, spans);
+      if (ended) scanner.finish(spans);
       capture(options, out, outcome);
+      if (options.strip_usage_only_chunks) {
+        kept.clear();
+        for (const auto span : spans) kept.append(span);
+        payload = kept;
+      }
+      spans.clear();
     }
     if (ended) {
       outcome.usage = scanner.usage();
       outcome.events = scanner.events();
       if (options.on_upstream_complete) options.on_upstream_complete(outcome);
     }
-    if (!out.empty() || ended) {
-      const bool written = co_await write(head, out, chunked, ended, outcome);
+    if (!payload.empty() || ended) {
+      const bool written = co_await write(head, payload, chunked, ended, outcome);
       head.clear();
       if (!written) {
         outcome.complete = false;

@@ -539,6 +539,31 @@ TEST(SseScanner, LastUsageWins) {
   EXPECT_EQ(scanner.usage(), (Usage{5, 6, 11}));
 }
 
+TEST(SseScanner, AnthropicUsageInPartsKeepsTheInputOfMessageStart) {
+  SseScanner scanner;
+  feed_whole(scanner,
+             "event: message_start\n"
+             "data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":"
+             "{\"input_tokens\":25,\"output_tokens\":1}}}\n\n"
+             "event: content_block_delta\n"
+             "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":"
+             "\"text_delta\",\"text\":\"Hi\"}}\n\n"
+             "event: message_delta\n"
+             "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},"
+             "\"usage\":{\"output_tokens\":15}}\n\n");
+  EXPECT_EQ(scanner.usage(), (Usage{25, 15, 40}));
+}
+
+TEST(SseScanner, AnthropicCacheTokensCountAsInput) {
+  SseScanner scanner;
+  feed_whole(scanner,
+             "event: message_delta\n"
+             "data: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":5,"
+             "\"cache_read_input_tokens\":100,\"cache_creation_input_tokens\":20,"
+             "\"output_tokens\":7}}\n\n");
+  EXPECT_EQ(scanner.usage(), (Usage{125, 7, 132}));
+}
+
 TEST(SseScanner, CarryCapStopsInspectingOnlyTheOversizedEvent) {
   const std::string padding(200, 'x');
   const std::string oversized =

@@ -42,6 +42,7 @@ struct RelayOutcome {
 };
 
 struct RelayOptions {
+  StreamErrorEvent error_event = &stream_error_event;
   // The gateway asked the upstream for a usage chunk the client did not ask
   // for: keep it from the client.
   bool strip_usage_only_chunks = false;

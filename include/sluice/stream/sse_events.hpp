@@ -19,7 +19,12 @@ std::size_t next_event_end(std::string_view text, std::size_t& event_end);
 // none. Its other lines (`event:`, `id:`, comments) are not read.
 std::string event_data(std::string_view event);
 
-// The SSE event sent when a stream breaks after its first byte.
+// The SSE event sent when a stream breaks after its first byte, in OpenAI's
+// error shape.
 std::string stream_error_event(std::string_view message, std::string_view code);
+
+// Writes the event a broken stream ends with, as the client's protocol words
+// it; `code` is sluice's ("upstream_timeout", "stream_interrupted").
+using StreamErrorEvent = std::string (*)(std::string_view message, std::string_view code);
 
 }  // namespace sluice::stream

@@ -196,6 +196,7 @@ class SseScanner {
   void drop_held(std::size_t end, bool ended_with_cr);
   void dispatch(std::size_t end, bool ended_with_cr);
   bool inspect(std::string_view payload, bool want_usage_only, std::size_t key_from);
+  void take_usage(const Usage& found);
   void end_of_piece();
   void reset_block();
 
