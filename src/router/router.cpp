@@ -54,7 +54,9 @@ bool contains_ignoring_case(std::string_view text, std::string_view needle) {
 bool mentions_context_window(std::string_view body) {
   return contains_ignoring_case(body, "context_length_exceeded") ||
          contains_ignoring_case(body, "maximum context length") ||
-         contains_ignoring_case(body, "context window");
+         contains_ignoring_case(body, "context window") ||
+         // Anthropic's words for it.
+         contains_ignoring_case(body, "prompt is too long");
 }
 
 }  // namespace

@@ -431,6 +431,10 @@ TEST(ClassifyStatus, ContextWindowErrors) {
   EXPECT_EQ(classify_status(413, "input exceeds the CONTEXT WINDOW"),
             ResultKind::context_window_exceeded);
   EXPECT_EQ(classify_status(422, "context window"), ResultKind::context_window_exceeded);
+  EXPECT_EQ(classify_status(400, R"({"type":"error","error":{"type":"invalid_request_error",)"
+                                 R"("message":"prompt is too long: 210000 tokens > 200000"}})"),
+            ResultKind::context_window_exceeded)
+      << "Anthropic's words";
   // Only the statuses an upstream uses for it.
   EXPECT_EQ(classify_status(404, "context_length_exceeded"), ResultKind::client_error);
   EXPECT_EQ(classify_status(500, "context_length_exceeded"), ResultKind::retriable);
