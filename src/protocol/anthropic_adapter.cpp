@@ -12,26 +12,33 @@ namespace {
 
 using namespace std::string_view_literals;
 
-// Client header lines that must not reach Anthropic: credentials (the
+// Client header lines that must never reach Anthropic: credentials (the
 // client's own key is withheld already, see is_withheld_from_upstream;
-// dropped again here so no change there can leak one to another vendor),
-// and the lines this adapter sets itself, which would otherwise go twice.
-bool replaced_by_adapter(std::string_view name) {
-  for (auto own :
-       {"authorization"sv, "x-api-key"sv, "api-key"sv, "anthropic-version"sv, "content-type"sv}) {
-    if (iequals(name, own)) return true;
+// dropped again here so no change there can leak one to another vendor).
+bool is_credential(std::string_view name) {
+  for (auto credential : {"authorization"sv, "x-api-key"sv, "api-key"sv}) {
+    if (iequals(name, credential)) return true;
   }
   return false;
 }
 
-// Appends the client's lines that may go on, and says whether any did not.
-bool append_kept_lines(std::string_view lines, std::string& kept) {
+// A translated request also drops the lines the adapter sets itself, which
+// would otherwise go twice.
+bool replaced_by_translation(std::string_view name) {
+  return is_credential(name) || iequals(name, "anthropic-version"sv) ||
+         iequals(name, "content-type"sv);
+}
+
+// Appends the client's lines that `dropped_line` keeps, and says whether
+// any were dropped.
+template <typename Predicate>
+bool append_kept_lines(std::string_view lines, std::string& kept, Predicate dropped_line) {
   bool dropped = false;
   while (!lines.empty()) {
     const auto end = lines.find('\n');
     const auto line = lines.substr(0, end == std::string_view::npos ? lines.size() : end + 1);
     lines.remove_prefix(line.size());
-    if (replaced_by_adapter(line.substr(0, line.find(':')))) {
+    if (dropped_line(line.substr(0, line.find(':')))) {
       dropped = true;
     } else {
       kept.append(line);
@@ -40,28 +47,42 @@ bool append_kept_lines(std::string_view lines, std::string& kept) {
   return dropped;
 }
 
+bool has_line(std::string_view lines, std::string_view name) {
+  while (!lines.empty()) {
+    const auto end = lines.find('\n');
+    const auto line = lines.substr(0, end == std::string_view::npos ? lines.size() : end + 1);
+    lines.remove_prefix(line.size());
+    if (iequals(line.substr(0, line.find(':')), name)) return true;
+  }
+  return false;
+}
+
 class AnthropicAdapter final : public Adapter {
  public:
   explicit AnthropicAdapter(const config::Deployment& deployment) {
     // The deployment's own headers, then the ones the Messages API needs:
     // its key goes in x-api-key, never as a bearer token.
     for (const auto& [name, value] : deployment.headers) {
-      fields_.append(name).append(": ").append(value).append("\r\n");
+      key_fields_.append(name).append(": ").append(value).append("\r\n");
     }
     if (!deployment.api_key.empty()) {
-      fields_.append("x-api-key: ").append(deployment.api_key).append("\r\n");
+      key_fields_.append("x-api-key: ").append(deployment.api_key).append("\r\n");
     }
-    fields_.append("anthropic-version: ")
+    versioned_fields_ = key_fields_;
+    versioned_fields_.append("anthropic-version: ")
         .append(deployment.anthropic_version.empty() ? anthropic::kDefaultVersion
                                                      : deployment.anthropic_version)
         .append("\r\n");
-    fields_.append("content-type: application/json\r\n");
+    translated_fields_ = versioned_fields_ + "content-type: application/json\r\n";
   }
 
-  bool passes_through() const override { return false; }
+  bool passes_through(Dialect /*client*/) const override { return false; }
 
   std::optional<ApiError> adapt_request(upstream::Request& request,
                                         std::string& storage) const override {
+    if (dialect_of(request.target[1]) == Dialect::anthropic) {
+      return pass_through(request, storage);
+    }
     if (request.target[1] != "/chat/completions") {
       return ApiError::invalid_request(
           "Provider anthropic serves /v1/chat/completions only, not /v1" +
@@ -77,24 +98,40 @@ class AnthropicAdapter final : public Adapter {
     // both are written before either is pointed at.
     storage = std::move(translated.value());
     const auto body_size = storage.size();
-    const bool dropped = append_kept_lines(request.fields[0], storage);
+    const bool dropped = append_kept_lines(request.fields[0], storage, replaced_by_translation);
     const std::string_view stored(storage);
     request.body = {stored.substr(0, body_size)};
     if (dropped) request.fields[0] = stored.substr(body_size);
-    request.fields[2] = fields_;
+    request.fields[2] = translated_fields_;
     // The Messages API takes no query of OpenAI's (an api-version, say).
     request.target = {request.target[0], "/v1/messages"sv, {}};
     return std::nullopt;
   }
 
-  std::unique_ptr<stream::AnswerTranslator> translate_answer() const override {
+  std::unique_ptr<stream::AnswerTranslator> translate_answer(Dialect client) const override {
+    if (client == Dialect::anthropic) return nullptr;
     const auto now = std::chrono::system_clock::now().time_since_epoch();
     return std::make_unique<anthropic::AnswerTranslator>(
         std::chrono::duration_cast<std::chrono::seconds>(now).count());
   }
 
  private:
-  std::string fields_;
+  // A Messages client's request, as it came but for its model (spliced in
+  // already) and the key: its anthropic-version and anthropic-beta lines,
+  // its query (`?beta=true`) and its body go as they are.
+  std::optional<ApiError> pass_through(upstream::Request& request, std::string& storage) const {
+    const auto client_lines = request.fields[0];
+    if (append_kept_lines(client_lines, storage, is_credential)) request.fields[0] = storage;
+    request.fields[2] =
+        has_line(client_lines, "anthropic-version"sv) ? key_fields_ : versioned_fields_;
+    request.target[1] =
+        request.target[1] == kMessagesEndpoint ? "/v1/messages"sv : "/v1/messages/count_tokens"sv;
+    return std::nullopt;
+  }
+
+  std::string key_fields_;         // the deployment's headers and key
+  std::string versioned_fields_;   // ... and the anthropic-version it sends
+  std::string translated_fields_;  // ... and the content type of a translated body
 };
 
 }  // namespace

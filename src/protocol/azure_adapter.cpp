@@ -3,6 +3,8 @@
 #include <string_view>
 
 #include "sluice/common/ascii.hpp"
+#include "sluice/protocol/messages_answer.hpp"
+#include "sluice/protocol/messages_to_chat.hpp"
 
 namespace sluice::protocol {
 
@@ -41,19 +43,29 @@ class AzureAdapter final : public Adapter {
         api_version_query_("?api-version=" + deployment.api_version),
         fields_(fields_of(deployment)) {}
 
-  bool passes_through() const override { return false; }
+  bool passes_through(Dialect /*client*/) const override { return false; }
 
   // Everything but the client's query is the deployment's, made once: a
   // request without a query costs no copy at all.
   std::optional<ApiError> adapt_request(upstream::Request& request,
                                         std::string& storage) const override {
+    const bool translated = dialect_of(request.target[1]) == Dialect::anthropic;
+    if (translated) {
+      if (auto refusal = messages_to_chat("azure", request, storage)) return refusal;
+    }
     const std::string_view client_query = request.target[2];
     request.target[0] = path_prefix_;
     // target[1], the endpoint under /v1 ("/chat/completions"), stays.
     if (client_query.size() > 1) {
-      // The client's "?a=b" follows the API version as "&a=b".
-      storage.assign(api_version_query_).append("&").append(client_query.substr(1));
-      request.target[2] = storage;
+      // The client's "?a=b" follows the API version as "&a=b", after a
+      // translated body if the storage holds one (views into it are taken
+      // once it has stopped growing).
+      const auto body_size = translated ? storage.size() : 0;
+      if (!translated) storage.clear();
+      storage.append(api_version_query_).append("&").append(client_query.substr(1));
+      const std::string_view stored(storage);
+      if (translated) request.body = {stored.substr(0, body_size)};
+      request.target[2] = stored.substr(body_size);
     } else {
       request.target[2] = api_version_query_;
     }
@@ -61,7 +73,10 @@ class AzureAdapter final : public Adapter {
     return std::nullopt;
   }
 
-  std::unique_ptr<stream::AnswerTranslator> translate_answer() const override { return nullptr; }
+  std::unique_ptr<stream::AnswerTranslator> translate_answer(Dialect client) const override {
+    if (client == Dialect::openai) return nullptr;
+    return std::make_unique<messages::AnswerTranslator>();
+  }
 
  private:
   // The deployment's own header lines, as Snapshot::build writes them for

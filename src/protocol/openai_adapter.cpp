@@ -1,18 +1,26 @@
 #include "sluice/protocol/openai_adapter.hpp"
 
+#include "sluice/protocol/messages_answer.hpp"
+#include "sluice/protocol/messages_to_chat.hpp"
+
 namespace sluice::protocol {
 
 namespace {
 
-// An upstream that speaks OpenAI's API, as the client does.
+// An upstream that speaks OpenAI's API: an OpenAI client's requests and
+// answers pass as they are; a Messages client's are translated.
 class OpenAiAdapter final : public Adapter {
  public:
-  bool passes_through() const override { return true; }
-  std::optional<ApiError> adapt_request(upstream::Request& /*request*/,
-                                        std::string& /*storage*/) const override {
-    return std::nullopt;
+  bool passes_through(Dialect client) const override { return client == Dialect::openai; }
+  std::optional<ApiError> adapt_request(upstream::Request& request,
+                                        std::string& storage) const override {
+    if (dialect_of(request.target[1]) == Dialect::openai) return std::nullopt;
+    return messages_to_chat("openai", request, storage);
   }
-  std::unique_ptr<stream::AnswerTranslator> translate_answer() const override { return nullptr; }
+  std::unique_ptr<stream::AnswerTranslator> translate_answer(Dialect client) const override {
+    if (client == Dialect::openai) return nullptr;
+    return std::make_unique<messages::AnswerTranslator>();
+  }
 };
 
 }  // namespace

@@ -121,8 +121,9 @@ void prepare_attempt(const RequestContext& context, const ForwardedRequest& inpu
                          inputs.body_suffix, inputs.body_addition, inputs.body_closing}};
   task.limits = upstream::Limits{deployment.timeouts.connect, deployment.timeouts.ttft,
                                  deployment.timeouts.idle, now + deployment.timeouts.total, now};
+  task.client_dialect = inputs.dialect;
   const auto& adapter = *task.wiring->adapter;
-  if (!adapter.passes_through()) {
+  if (!adapter.passes_through(inputs.dialect)) {
     if (auto refusal = adapter.adapt_request(task.request, task.adapted)) {
       task.refused_by_adapter = std::make_unique<ApiError>(std::move(*refusal));
     }
@@ -199,18 +200,21 @@ net::awaitable<void> settle_failure(RequestContext& context, router::Plan& plan,
   redact(failed.body, deployment.api_key);
   auto content_type = exchange.content_type();
   failed.content_type = content_type.empty() ? "application/json" : std::string(content_type);
+  // Classified in the upstream's own words (a context-window error is told
+  // by them), before they are translated.
+  failed.kind = router::classify_status(failed.status, failed.body);
   // An upstream of another protocol words its errors its own way: the client
   // gets them in its endpoint's shape, with the same status.
-  if (const auto& adapter = *task.wiring->adapter; !adapter.passes_through()) {
-    if (auto translator = adapter.translate_answer()) {
+  if (const auto& adapter = *task.wiring->adapter; !adapter.passes_through(task.client_dialect)) {
+    if (auto translator = adapter.translate_answer(task.client_dialect)) {
       std::string translated;
+      translator->status(failed.status);  // the body's meaning may hang on it
       translator->body(failed.body, translated);
       failed.body = std::move(translated);
       failed.content_type = translator->content_type(failed.content_type);
     }
   }
   failed.retry_after = exchange.retry_after();
-  failed.kind = router::classify_status(failed.status, failed.body);
   auto ttft = std::chrono::duration_cast<router::Micros>(exchange.timing().first_byte -
                                                          exchange.timing().sent);
   plan.report(task.attempt, {failed.kind, false, ttft, failed.retry_after}, Clock::now());

@@ -23,8 +23,10 @@ void forwarded_request(const ForwardingInputs& inputs, ForwardingStorage& storag
   const auto& inspected = resolution.inspected;
   const auto body = resolution.body();
   forwarded.endpoint = inputs.endpoint;
+  forwarded.dialect = protocol::dialect_of(inputs.endpoint);
   forwarded.query = inputs.query;
   forwarded.cache_step = inputs.cache_step;
+  forwarded.client_wants_usage = inspected.include_usage;
   if (inspected.form_data) {
     // A form is forwarded as it came but for the model field's value.
     const auto model = *inspected.model_value;
@@ -167,6 +169,7 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ForwardedReques
   watch.watch(&winner.abort_handle);
   stream::RelayOptions relay_options;
   relay_options.strip_usage_only_chunks = inputs.strip_usage_only_chunks;
+  relay_options.error_event = protocol::stream_error_event(inputs.dialect);
   relay_options.client_reads_chunks = context.request.version() >= 11;
   relay_options.gaps = &context.gaps;
   relay_options.gap_histogram = context.snapshot->metrics->model(*context.model).inter_token_gap;
@@ -188,8 +191,8 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ForwardedReques
   // An adapter may rewrite requests yet leave answers as they are (no
   // translator): those are spliced through like any other.
   std::unique_ptr<stream::AnswerTranslator> translator;
-  if (const auto& adapter = *winner.wiring->adapter; !adapter.passes_through()) {
-    translator = adapter.translate_answer();
+  if (const auto& adapter = *winner.wiring->adapter; !adapter.passes_through(inputs.dialect)) {
+    translator = adapter.translate_answer(inputs.dialect);
   }
   if (!translator) {
     stream::Relay relay(context.client, context.client_deadline, context.relay_buffers,
@@ -197,6 +200,9 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ForwardedReques
     outcome =
         co_await relay.run(exchange, context.response_fields, context.keep_alive, relay_options);
   } else {
+    if (inputs.dialect == protocol::Dialect::openai) {
+      relay_options.strip_usage_only_chunks = !inputs.client_wants_usage;
+    }
     outcome = co_await relay_translated(context, winner, *translator, relay_options);
   }
   if (outcome.first_write != TimePoint{}) {

@@ -49,7 +49,11 @@ std::optional<Refusal> route_request(const RequestLine& line, Route& route) {
     return std::nullopt;
   }
   auto endpoint = proxied_endpoint(path);
-  if (!endpoint) return Refusal{ApiError::unknown_path(path), {}};
+  if (!endpoint) {
+    endpoint = protocol::messages_endpoint(path);
+    if (!endpoint) return Refusal{ApiError::unknown_path(path), {}};
+    route.dialect = protocol::Dialect::anthropic;
+  }
   if (line.method != http::verb::post) return method_not_allowed(line, path, "Allow: POST\r\n");
   route.kind = Route::Kind::proxied;
   route.endpoint = *endpoint;
@@ -101,6 +105,7 @@ Next resolve(RequestContext& context, RequestJob& job) {
           route_request({request.method(), request.method_string(), request.target()}, job.route)) {
     return job.refuse(std::move(*refusal));
   }
+  context.dialect = job.route.dialect;
   job.presented_key =
       auth::extract_presented_key([&](std::string_view name) { return request[name]; });
   switch (job.route.kind) {

@@ -85,7 +85,8 @@ net::awaitable<bool> respond_json(RequestContext& context, unsigned status, std:
 
 net::awaitable<bool> respond_error(RequestContext& context, const ApiError& error,
                                    std::string_view extra_fields) {
-  co_return co_await respond_json(context, error.status, error.to_json(), extra_fields);
+  const auto body = protocol::error_json(context.dialect, error);
+  co_return co_await respond_json(context, error.status, body, extra_fields);
 }
 
 net::awaitable<bool> respond_here(RequestContext& context, RequestJob& job) {

@@ -21,8 +21,8 @@ TEST(Adapters, OpenAiIsTheDefaultAndPassesEverythingThrough) {
   EXPECT_EQ(deployment.provider, "openai");
   auto adapter = make_adapter(deployment);
   ASSERT_TRUE(adapter);
-  EXPECT_TRUE(adapter->passes_through());
-  EXPECT_EQ(adapter->translate_answer(), nullptr);
+  EXPECT_TRUE(adapter->passes_through(Dialect::openai));
+  EXPECT_EQ(adapter->translate_answer(Dialect::openai), nullptr);
 
   const std::string body = R"({"model":"m"})";
   upstream::Request request;

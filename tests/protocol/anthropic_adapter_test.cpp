@@ -36,7 +36,7 @@ Sent joined(const upstream::Request& request) {
 
 TEST(AnthropicAdapter, ChatCompletionsGoToMessagesWithTheKeyInXApiKey) {
   auto adapter = make_adapter(anthropic_deployment());
-  EXPECT_FALSE(adapter->passes_through());
+  EXPECT_FALSE(adapter->passes_through(Dialect::openai));
   const std::string client_fields =
       "Content-Type: application/json\r\nAuthorization: Bearer client-key\r\n"
       "x-api-key: client-key\r\nuser-agent: sdk/1\r\n";
@@ -104,7 +104,7 @@ TEST(AnthropicAdapter, AnUnsupportedFieldRefusesTheAttempt) {
 
 TEST(AnthropicAdapter, AnswersAreTranslated) {
   auto adapter = make_adapter(anthropic_deployment());
-  auto translator = adapter->translate_answer();
+  auto translator = adapter->translate_answer(Dialect::openai);
   ASSERT_TRUE(translator);
   std::string out;
   translator->body(R"({"type":"error","error":{"type":"not_found_error","message":"no model"}})",
@@ -148,6 +148,78 @@ models:
     EXPECT_NE(std::string(error.what()).find("provider: anthropic"), std::string::npos)
         << error.what();
   }
+}
+
+// A Messages client's request goes to Anthropic as it came: its body and
+// query untouched, its anthropic-version and anthropic-beta lines kept,
+// only its credentials replaced by the deployment's key.
+TEST(AnthropicAdapter, MessagesClientsPassThroughWithTheirVersionAndBetaLines) {
+  auto adapter = make_adapter(anthropic_deployment());
+  EXPECT_FALSE(adapter->passes_through(Dialect::anthropic)) << "its key must be set";
+  EXPECT_EQ(adapter->translate_answer(Dialect::anthropic), nullptr) << "answers are spliced";
+  const std::string client_fields =
+      "x-api-key: client-key\r\nanthropic-version: 2023-01-01\r\n"
+      "anthropic-beta: interleaved-thinking-2025-05-14\r\ncontent-type: application/json\r\n";
+  const std::string body =
+      R"(,"max_tokens":10,"messages":[{"role":"user","content":[{"type":"text","text":"hi",)"
+      R"("cache_control":{"type":"ephemeral"}}]}]})";
+  upstream::Request request{"POST",
+                            {"/base", "/messages", "?beta=true"},
+                            {client_fields, "x-request-id: r1\r\n", "ignored\r\n"},
+                            {R"({"model":)", R"("claude-x")", body}};
+  std::string storage;
+  ASSERT_FALSE(adapter->adapt_request(request, storage));
+  const auto sent = joined(request);
+  EXPECT_EQ(sent.target, "/base/v1/messages?beta=true");
+  EXPECT_EQ(sent.body, R"({"model":"claude-x")" + body) << "byte for byte";
+  EXPECT_EQ(sent.fields,
+            "anthropic-version: 2023-01-01\r\n"
+            "anthropic-beta: interleaved-thinking-2025-05-14\r\ncontent-type: application/json\r\n"
+            "x-request-id: r1\r\n"
+            "x-team: blue\r\nx-api-key: sk-ant-secret\r\n");
+}
+
+TEST(AnthropicAdapter, AMessagesClientWithoutAVersionGetsTheDeployments) {
+  auto deployment = anthropic_deployment();
+  deployment.anthropic_version = "2024-02-02";
+  auto adapter = make_adapter(deployment);
+  upstream::Request request{
+      "POST", {"", "/messages/count_tokens", ""}, {"", "", ""}, {R"({"model":"m"})"}};
+  std::string storage;
+  ASSERT_FALSE(adapter->adapt_request(request, storage));
+  const auto sent = joined(request);
+  EXPECT_EQ(sent.target, "/v1/messages/count_tokens");
+  EXPECT_EQ(sent.fields,
+            "x-team: blue\r\nx-api-key: sk-ant-secret\r\nanthropic-version: 2024-02-02\r\n");
+}
+
+// OpenAI's upstreams take a Messages client's request translated, and
+// refuse what they have no counterpart for.
+TEST(OpenAiAdapter, MessagesClientsAreTranslatedToChatCompletions) {
+  auto adapter = make_adapter(config::Deployment{});
+  EXPECT_TRUE(adapter->passes_through(Dialect::openai));
+  EXPECT_FALSE(adapter->passes_through(Dialect::anthropic));
+  EXPECT_NE(adapter->translate_answer(Dialect::anthropic), nullptr);
+  upstream::Request request{
+      "POST",
+      {"/v1", "/messages", ""},
+      {"", "", ""},
+      {R"({"model":)", R"("gpt-x")",
+       R"(,"max_tokens":7,"system":"be brief","messages":[{"role":"user","content":"hi"}]})"}};
+  std::string storage;
+  ASSERT_FALSE(adapter->adapt_request(request, storage));
+  const auto sent = joined(request);
+  EXPECT_EQ(sent.target, "/v1/chat/completions");
+  const auto translated = json::parse(sent.body);
+  EXPECT_EQ(translated["model"], "gpt-x");
+  EXPECT_EQ(translated["max_tokens"], 7);
+  EXPECT_EQ(translated["messages"][0], json::parse(R"({"role":"system","content":"be brief"})"));
+
+  upstream::Request count{"POST", {"/v1", "/messages/count_tokens", ""}, {}, {R"({"model":"m"})"}};
+  const auto refused = adapter->adapt_request(count, storage);
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400u);
+  EXPECT_NE(refused->message.find("openai"), std::string::npos) << refused->message;
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // carries, with nothing of the body or the answer changed.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <string>
 
 #include "sluice/config/config.hpp"
@@ -52,8 +54,9 @@ struct SentRequest {
 TEST(AzureAdapter, IsTheAzureProvidersAdapter) {
   auto adapter = make_adapter(azure_deployment());
   ASSERT_TRUE(adapter);
-  EXPECT_FALSE(adapter->passes_through()) << "its requests are rewritten";
-  EXPECT_EQ(adapter->translate_answer(), nullptr) << "its answers are spliced through";
+  EXPECT_FALSE(adapter->passes_through(Dialect::openai)) << "its requests are rewritten";
+  EXPECT_EQ(adapter->translate_answer(Dialect::openai), nullptr)
+      << "its answers are spliced through";
 }
 
 TEST(AzureAdapter, SendsTheRequestToTheDeploymentWithTheApiVersion) {
@@ -148,6 +151,32 @@ TEST(AzureAdapter, LeavesTheBodyAsItIs) {
   EXPECT_FALSE(adapter->adapt_request(chat.request, chat.storage));
   EXPECT_EQ(chat.request.body[0].data(), chat.body.data());
   EXPECT_EQ(chat.request.body[0].size(), chat.body.size());
+}
+
+// A Messages client's request is translated to chat completions, and the
+// client's query still follows the API version, in the same storage as the
+// translated body.
+TEST(AzureAdapter, TranslatesAMessagesClientsRequestAndKeepsItsQuery) {
+  const auto deployment = azure_deployment();
+  auto adapter = make_azure_adapter(deployment);
+  EXPECT_NE(adapter->translate_answer(Dialect::anthropic), nullptr);
+  SentRequest messages(deployment, "/messages", "?trace=on");
+  messages.body =
+      R"({"model":"gpt-4o-prod","max_tokens":5,"messages":[{"role":"user","content":"hi"}]})";
+  messages.request.body = {messages.body};
+  ASSERT_FALSE(adapter->adapt_request(messages.request, messages.storage));
+  EXPECT_EQ(messages.target(),
+            "/openai/deployments/gpt-4o-prod/chat/completions?api-version=2024-10-21&trace=on");
+  std::string body;
+  for (auto piece : messages.request.body) body.append(piece);
+  const auto translated = nlohmann::json::parse(body);
+  EXPECT_EQ(translated["max_tokens"], 5);
+  EXPECT_EQ(translated["messages"][0]["role"], "user");
+
+  SentRequest count(deployment, "/messages/count_tokens");
+  const auto refused = adapter->adapt_request(count.request, count.storage);
+  ASSERT_TRUE(refused);
+  EXPECT_NE(refused->message.find("azure"), std::string::npos) << refused->message;
 }
 
 }  // namespace

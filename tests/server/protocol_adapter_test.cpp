@@ -63,7 +63,7 @@ class ShoutingTranslator final : public stream::AnswerTranslator {
 
 class ShoutingAdapter final : public protocol::Adapter {
  public:
-  bool passes_through() const override { return false; }
+  bool passes_through(protocol::Dialect /*client*/) const override { return false; }
   std::optional<ApiError> adapt_request(upstream::Request& request,
                                         std::string& storage) const override {
     if (request.target[1] == "/embeddings") {
@@ -79,7 +79,8 @@ class ShoutingAdapter final : public protocol::Adapter {
     request.fields[2] = "x-adapted: yes\r\n";  // instead of the deployment's own lines
     return std::nullopt;
   }
-  std::unique_ptr<stream::AnswerTranslator> translate_answer() const override {
+  std::unique_ptr<stream::AnswerTranslator> translate_answer(
+      protocol::Dialect /*client*/) const override {
     return std::make_unique<ShoutingTranslator>();
   }
 };
@@ -92,13 +93,16 @@ std::unique_ptr<protocol::Adapter> make_shouting_adapter(const config::Deploymen
 // client's endpoint does.
 class HeaderOnlyAdapter final : public protocol::Adapter {
  public:
-  bool passes_through() const override { return false; }
+  bool passes_through(protocol::Dialect /*client*/) const override { return false; }
   std::optional<ApiError> adapt_request(upstream::Request& request,
                                         std::string& /*storage*/) const override {
     request.fields[2] = "x-adapted: header-only\r\n";
     return std::nullopt;
   }
-  std::unique_ptr<stream::AnswerTranslator> translate_answer() const override { return nullptr; }
+  std::unique_ptr<stream::AnswerTranslator> translate_answer(
+      protocol::Dialect /*client*/) const override {
+    return nullptr;
+  }
 };
 
 std::unique_ptr<protocol::Adapter> make_header_only_adapter(const config::Deployment&) {

@@ -37,6 +37,7 @@ struct AttemptTask {
   upstream::AbortHandle abort_handle;
   std::optional<StartResult> result;
   bool running = false;
+  protocol::Dialect client_dialect = protocol::Dialect::openai;  // as the adapter sees it
   // The client's fields without those the deployment sets itself, when the
   // client sent any of them.
   std::string client_fields;

@@ -3,6 +3,7 @@
 #include <string>
 #include <string_view>
 
+#include "sluice/protocol/dialect.hpp"
 #include "sluice/server/resolve.hpp"
 
 // The request the attempts send upstream, in the client's protocol, as
@@ -13,6 +14,7 @@ struct CacheStep;
 
 struct ForwardedRequest {
   std::string_view endpoint;
+  protocol::Dialect dialect = protocol::Dialect::openai;  // the endpoint's
   std::string_view query;
   // Header lines that travel upstream: the client's, as received, and the
   // gateway's own, made once for all the attempts by whoever makes them.
@@ -27,6 +29,9 @@ struct ForwardedRequest {
   std::string_view body_addition;
   std::string_view body_closing;
   bool strip_usage_only_chunks = false;
+  // The client asked for the stream's usage chunk: an answer translated from
+  // another protocol, which always ends with one, keeps it only then.
+  bool client_wants_usage = false;
   CacheStep* cache_step = nullptr;  // set when the answer may be cached
 };
 

@@ -11,6 +11,7 @@
 #include "sluice/metrics/access_log.hpp"
 #include "sluice/metrics/gap_tracker.hpp"
 #include "sluice/metrics/trace_context.hpp"
+#include "sluice/protocol/dialect.hpp"
 #include "sluice/server/client_request.hpp"
 #include "sluice/server/gateway.hpp"
 #include "sluice/stream/client_watch.hpp"
@@ -61,6 +62,9 @@ struct RequestContext {
   std::string& response_fields = strings.response_fields;
   const config::Model* model = nullptr;
   bool stream = false;
+  // The API the client's endpoint speaks: the gateway's own errors are
+  // worded in it.
+  protocol::Dialect dialect = protocol::Dialect::openai;
   unsigned attempts = 0;
   std::optional<std::uint64_t> usage_tokens{};  // prompt + completion, as the upstream reported
   std::optional<stream::Usage> usage{};

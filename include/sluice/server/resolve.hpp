@@ -10,6 +10,7 @@
 #include "sluice/config/config.hpp"
 #include "sluice/openai/api_error.hpp"
 #include "sluice/openai/request_body.hpp"
+#include "sluice/protocol/dialect.hpp"
 #include "sluice/shaping/shaping.hpp"
 
 // The first phase: where the request's path leads, which model its body
@@ -37,7 +38,8 @@ struct Route {
   std::string_view path;
   std::string_view query;     // with its '?'; empty when there is none
   std::string_view endpoint;  // proxied: the endpoint under /v1 ("/chat/completions")
-  std::string model_id;       // one_model: the model asked about, unescaped
+  protocol::Dialect dialect = protocol::Dialect::openai;  // the API the endpoint speaks
+  std::string model_id;  // one_model: the model asked about, unescaped
 };
 
 // Routes the path and checks the method against it, into `route` (filled
