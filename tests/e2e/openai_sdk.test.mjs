@@ -2,90 +2,11 @@
 // sluice-mock. Run with `node --test openai_sdk.test.mjs`; the binaries come
 // from SLUICE_BINARY and SLUICE_MOCK_BINARY.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
 import OpenAI, { toFile } from 'openai';
 
-const STARTUP_TIMEOUT_MS = 10000;
-const STOP_TIMEOUT_MS = 3000;
-
-function requireEnv(name) {
-  const value = process.env[name];
-  if (!value) {
-    throw new Error(`${name} is not set: point it at the built binary (see tests/e2e/CMakeLists.txt)`);
-  }
-  return value;
-}
-
-// Spawns `binary args...` and resolves with { child, port } once stdout
-// carries "<banner> http://HOST:PORT". Rejects on early exit or timeout.
-const children = new Set();
-// Last resort if the runner exits without reaching the after hook.
-process.on('exit', () => {
-  for (const child of children) child.kill('SIGKILL');
-});
-
-function startProcess(binary, args, banner) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    children.add(child);
-    child.once('exit', () => children.delete(child));
-    const pattern = new RegExp(`^${banner} listening on https?://(.+):(\\d+)\\s*$`, 'm');
-    let stdout = '';
-    let stderr = '';
-    let settled = false;
-
-    const finish = (error, value) => {
-      if (settled) return;
-      settled = true;
-      clearTimeout(timer);
-      if (error) {
-        child.kill('SIGKILL');
-        reject(error);
-      } else {
-        resolve(value);
-      }
-    };
-    const timer = setTimeout(() => {
-      finish(new Error(`${banner} did not report its port within ${STARTUP_TIMEOUT_MS} ms\n` +
-                       `stdout: ${stdout}\nstderr: ${stderr}`));
-    }, STARTUP_TIMEOUT_MS);
-
-    child.stdout.setEncoding('utf8');
-    child.stdout.on('data', (chunk) => {
-      stdout += chunk;
-      const match = pattern.exec(stdout);
-      if (match) finish(null, { child, port: Number(match[2]) });
-    });
-    child.stderr.setEncoding('utf8');
-    child.stderr.on('data', (chunk) => {
-      // Keep only the tail: enough to explain a failure, bounded in memory.
-      stderr = (stderr + chunk).slice(-8192);
-    });
-    child.on('error', (error) => finish(new Error(`cannot start ${binary}: ${error.message}`)));
-    child.on('exit', (code, signal) => {
-      finish(new Error(`${banner} exited early (code ${code}, signal ${signal})\n` +
-                       `stdout: ${stdout}\nstderr: ${stderr}`));
-    });
-  });
-}
-
-// SIGTERM, then SIGKILL if the process is still there after a grace period.
-function stopProcess(child) {
-  if (!child || child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
-  return new Promise((resolve) => {
-    const timer = setTimeout(() => child.kill('SIGKILL'), STOP_TIMEOUT_MS);
-    child.once('exit', () => {
-      clearTimeout(timer);
-      resolve();
-    });
-    child.kill('SIGTERM');
-  });
-}
+import { startMockAndGateway } from './harness.mjs';
 
 const E2E_KEY = 'sk-e2e-0123456789abcdef';
 
@@ -140,27 +61,13 @@ models:
 }
 
 describe('OpenAI Node SDK through sluice', { timeout: 30000 }, () => {
-  let mock;
-  let gateway;
-  let workDir;
+  let stack;
   let client;
 
   before(async () => {
-    const sluiceBinary = requireEnv('SLUICE_BINARY');
-    const mockBinary = requireEnv('SLUICE_MOCK_BINARY');
-
-    mock = await startProcess(mockBinary,
-                              ['--listen', '127.0.0.1:0', '--ttft', '20ms', '--interval', '10ms',
-                               '--tokens', '8'],
-                              'sluice-mock');
-
-    workDir = mkdtempSync(join(tmpdir(), 'sluice-e2e-'));
-    const configPath = join(workDir, 'sluice.yaml');
-    writeFileSync(configPath, gatewayConfig(mock.port));
-    gateway = await startProcess(sluiceBinary, ['--config', configPath], 'sluice');
-
+    stack = await startMockAndGateway(gatewayConfig);
     client = new OpenAI({
-      baseURL: `http://127.0.0.1:${gateway.port}/v1`,
+      baseURL: `${stack.gatewayUrl}/v1`,
       apiKey: E2E_KEY,
       maxRetries: 0,
       timeout: 10000,
@@ -168,8 +75,7 @@ describe('OpenAI Node SDK through sluice', { timeout: 30000 }, () => {
   });
 
   after(async () => {
-    await Promise.all([stopProcess(gateway?.child), stopProcess(mock?.child)]);
-    if (workDir) rmSync(workDir, { recursive: true, force: true });
+    await stack?.stop();
   });
 
   const messages = [{ role: 'user', content: 'Say something.' }];
