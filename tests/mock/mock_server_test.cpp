@@ -32,6 +32,7 @@
 
 #include <gtest/gtest.h>
 
+#include "mock/anthropic.hpp"
 #include "support/child_process.hpp"
 
 namespace {
@@ -1309,6 +1310,63 @@ TEST(MockAnthropic, StreamSendsTheEventsInOrderAtTheInterval) {
   EXPECT_EQ(events[7].data["delta"]["stop_reason"], "end_turn");
   EXPECT_EQ(events[7].data["usage"]["output_tokens"], 3);
   EXPECT_TRUE(eventually([&] { return mock->stats().streams_completed == 1; }, 1s));
+}
+
+TEST(MockAnthropic, TextAnswerEventsFormattedOnDemandMatchTheWholeStream) {
+  namespace anthropic = sluice::mock::anthropic;
+  for (unsigned tokens : {0u, 1u, 5u}) {
+    anthropic::Answer answer;
+    answer.serial = 7;
+    answer.model = "claude-test";
+    answer.text_tokens = tokens;
+    answer.input_tokens = 12;
+    std::string whole;
+    for (const auto& event : anthropic::stream_events(answer)) whole += event;
+    std::string on_demand;
+    for (std::size_t i = 0; i < anthropic::text_answer_event_count(answer); ++i) {
+      anthropic::append_text_answer_event(answer, i, on_demand);
+    }
+    EXPECT_EQ(on_demand, whole) << tokens << " tokens";
+  }
+
+  // The opening events and the text deltas are written out by hand: the
+  // same bytes as their JSON values dumped, keys in Anthropic's order.
+  using Ordered = nlohmann::ordered_json;
+  auto framed = [](std::string_view name, const Ordered& data) {
+    return "event: " + std::string(name) + "\ndata: " + data.dump() + "\n\n";
+  };
+  anthropic::Answer answer;
+  answer.serial = 3;
+  answer.model = "claude-\"quoted\"-\u00e9";
+  answer.text_tokens = 2;
+  answer.input_tokens = 12;
+  answer.cache_read_input_tokens = 5;
+  answer.cache_creation_input_tokens = 7;
+  const auto events = anthropic::stream_events(answer);
+  ASSERT_EQ(events.size(), 8u);
+  EXPECT_EQ(events[0], framed("message_start", {{"type", "message_start"},
+                                                {"message",
+                                                 {{"id", "msg_mock_3"},
+                                                  {"type", "message"},
+                                                  {"role", "assistant"},
+                                                  {"model", answer.model},
+                                                  {"content", Ordered::array()},
+                                                  {"stop_reason", nullptr},
+                                                  {"stop_sequence", nullptr},
+                                                  {"usage",
+                                                   {{"input_tokens", 12},
+                                                    {"output_tokens", 1},
+                                                    {"cache_read_input_tokens", 5},
+                                                    {"cache_creation_input_tokens", 7}}}}}}));
+  EXPECT_EQ(events[1],
+            framed("content_block_start", {{"type", "content_block_start"},
+                                           {"index", 0},
+                                           {"content_block", {{"type", "text"}, {"text", ""}}}}));
+  EXPECT_EQ(events[2], framed("ping", {{"type", "ping"}}));
+  EXPECT_EQ(events[4], framed("content_block_delta",
+                              {{"type", "content_block_delta"},
+                               {"index", 0},
+                               {"delta", {{"type", "text_delta"}, {"text", "tok1 "}}}}));
 }
 
 TEST(MockAnthropic, ToolUseAndThinkingStreamAsThePlainAnswerHasThem) {

@@ -709,8 +709,12 @@ class EventScript {
       out += scripted_[index];
       return;
     }
-    if (plan_.endpoint == Endpoint::messages) {  // an endless Anthropic stream
-      anthropic::append_endless_event(plan_.anthropic_answer, index, out);
+    if (plan_.endpoint == Endpoint::messages) {  // a text answer, or an endless stream
+      if (plan_.fail == FailMode::endless) {
+        anthropic::append_endless_event(plan_.anthropic_answer, index, out);
+      } else {
+        anthropic::append_text_answer_event(plan_.anthropic_answer, index, out);
+      }
       return;
     }
     const std::size_t tokens = plan_.behaviour.tokens;
@@ -842,11 +846,17 @@ class EventScript {
     count_ = scripted_.size();
   }
 
-  // An Anthropic stream has too many kinds of event to format on demand, so
-  // it is formatted up front; an endless one is formatted as it goes.
+  // A text answer is formatted as it goes, as the OpenAI streams are, and
+  // so is an endless one; one with thinking or tool use, or cut by an error,
+  // has too many kinds of event for that and is formatted up front.
   void script_anthropic() {
     if (plan_.fail == FailMode::endless) {
       count_ = anthropic::kEventsBeforeFirstDelta + plan_.behaviour.tokens;
+      return;
+    }
+    const auto& content = plan_.anthropic_answer.content;
+    if (!content.thinking && !content.tool_use && plan_.fail != FailMode::error_mid) {
+      count_ = anthropic::text_answer_event_count(plan_.anthropic_answer);
       return;
     }
     scripted_ = anthropic::stream_events(plan_.anthropic_answer);
