@@ -1,96 +1,21 @@
 // End-to-end: the official OpenAI Node SDK talks to sluice, which forwards to
-// sluice-mock. Run with `node --test openai_sdk.test.mjs`; the binaries come
-// from SLUICE_BINARY and SLUICE_MOCK_BINARY.
+// sluice-mock, as OpenAI's API and, through a `provider: anthropic`
+// deployment, as Anthropic's Messages API. Run with
+// `node --test openai_sdk.test.mjs`; the binaries come from SLUICE_BINARY and
+// SLUICE_MOCK_BINARY.
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
 import OpenAI, { toFile } from 'openai';
 
-const STARTUP_TIMEOUT_MS = 10000;
-const STOP_TIMEOUT_MS = 3000;
-
-function requireEnv(name) {
-  const value = process.env[name];
-  if (!value) {
-    throw new Error(`${name} is not set: point it at the built binary (see tests/e2e/CMakeLists.txt)`);
-  }
-  return value;
-}
-
-// Spawns `binary args...` and resolves with { child, port } once stdout
-// carries "<banner> http://HOST:PORT". Rejects on early exit or timeout.
-const children = new Set();
-// Last resort if the runner exits without reaching the after hook.
-process.on('exit', () => {
-  for (const child of children) child.kill('SIGKILL');
-});
-
-function startProcess(binary, args, banner) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    children.add(child);
-    child.once('exit', () => children.delete(child));
-    const pattern = new RegExp(`^${banner} listening on https?://(.+):(\\d+)\\s*$`, 'm');
-    let stdout = '';
-    let stderr = '';
-    let settled = false;
-
-    const finish = (error, value) => {
-      if (settled) return;
-      settled = true;
-      clearTimeout(timer);
-      if (error) {
-        child.kill('SIGKILL');
-        reject(error);
-      } else {
-        resolve(value);
-      }
-    };
-    const timer = setTimeout(() => {
-      finish(new Error(`${banner} did not report its port within ${STARTUP_TIMEOUT_MS} ms\n` +
-                       `stdout: ${stdout}\nstderr: ${stderr}`));
-    }, STARTUP_TIMEOUT_MS);
-
-    child.stdout.setEncoding('utf8');
-    child.stdout.on('data', (chunk) => {
-      stdout += chunk;
-      const match = pattern.exec(stdout);
-      if (match) finish(null, { child, port: Number(match[2]) });
-    });
-    child.stderr.setEncoding('utf8');
-    child.stderr.on('data', (chunk) => {
-      // Keep only the tail: enough to explain a failure, bounded in memory.
-      stderr = (stderr + chunk).slice(-8192);
-    });
-    child.on('error', (error) => finish(new Error(`cannot start ${binary}: ${error.message}`)));
-    child.on('exit', (code, signal) => {
-      finish(new Error(`${banner} exited early (code ${code}, signal ${signal})\n` +
-                       `stdout: ${stdout}\nstderr: ${stderr}`));
-    });
-  });
-}
-
-// SIGTERM, then SIGKILL if the process is still there after a grace period.
-function stopProcess(child) {
-  if (!child || child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
-  return new Promise((resolve) => {
-    const timer = setTimeout(() => child.kill('SIGKILL'), STOP_TIMEOUT_MS);
-    child.once('exit', () => {
-      clearTimeout(timer);
-      resolve();
-    });
-    child.kill('SIGTERM');
-  });
-}
+import { MOCK_TOOL_INPUT, startMockAndGateway } from './harness.mjs';
 
 const E2E_KEY = 'sk-e2e-0123456789abcdef';
 
 function gatewayConfig(mockPort) {
   const baseUrl = `http://127.0.0.1:${mockPort}/v1`;
+  // Anthropic's base URL has no /v1: the adapter asks for /v1/messages.
+  const anthropicUrl = `http://127.0.0.1:${mockPort}`;
   return `server:
   listen: 127.0.0.1:0
   admin_listen: off
@@ -136,31 +61,33 @@ models:
       - id: e2e-media-mock
         base_url: ${baseUrl}
         model: mock-media
+
+  - name: e2e-claude
+    deployments:
+      - id: e2e-claude-mock
+        base_url: ${anthropicUrl}
+        provider: anthropic
+        model: claude-mock
+
+  # A model of its own for the overload test: its failures cool its
+  # deployment down, which must not touch the other tests.
+  - name: e2e-claude-overloaded
+    deployments:
+      - id: e2e-claude-overloaded-mock
+        base_url: ${anthropicUrl}
+        provider: anthropic
+        model: claude-mock
 `;
 }
 
 describe('OpenAI Node SDK through sluice', { timeout: 30000 }, () => {
-  let mock;
-  let gateway;
-  let workDir;
+  let stack;
   let client;
 
   before(async () => {
-    const sluiceBinary = requireEnv('SLUICE_BINARY');
-    const mockBinary = requireEnv('SLUICE_MOCK_BINARY');
-
-    mock = await startProcess(mockBinary,
-                              ['--listen', '127.0.0.1:0', '--ttft', '20ms', '--interval', '10ms',
-                               '--tokens', '8'],
-                              'sluice-mock');
-
-    workDir = mkdtempSync(join(tmpdir(), 'sluice-e2e-'));
-    const configPath = join(workDir, 'sluice.yaml');
-    writeFileSync(configPath, gatewayConfig(mock.port));
-    gateway = await startProcess(sluiceBinary, ['--config', configPath], 'sluice');
-
+    stack = await startMockAndGateway(gatewayConfig);
     client = new OpenAI({
-      baseURL: `http://127.0.0.1:${gateway.port}/v1`,
+      baseURL: `${stack.gatewayUrl}/v1`,
       apiKey: E2E_KEY,
       maxRetries: 0,
       timeout: 10000,
@@ -168,8 +95,7 @@ describe('OpenAI Node SDK through sluice', { timeout: 30000 }, () => {
   });
 
   after(async () => {
-    await Promise.all([stopProcess(gateway?.child), stopProcess(mock?.child)]);
-    if (workDir) rmSync(workDir, { recursive: true, force: true });
+    await stack?.stop();
   });
 
   const messages = [{ role: 'user', content: 'Say something.' }];
@@ -334,5 +260,143 @@ describe('OpenAI Node SDK through sluice', { timeout: 30000 }, () => {
         assert.equal(error.code, 'model_not_found');
         return true;
       });
+  });
+
+  describe('to a provider: anthropic deployment (Anthropic Messages upstream)', () => {
+    const question = [{ role: 'user', content: 'Say something, and say it at some length.' }];
+    const tools = [{
+      type: 'function',
+      function: {
+        name: 'get_forecast',
+        description: 'The weather forecast for a place.',
+        parameters: {
+          type: 'object',
+          properties: { location: { type: 'string' }, days: { type: 'integer' } },
+          required: ['location'],
+        },
+      },
+    }];
+    let plainText;
+
+    test('chat.completions.create: content, finish_reason and usage', async () => {
+      const { data: completion, response } = await client.chat.completions
+        .create({ model: 'e2e-claude', messages: question })
+        .withResponse();
+      assert.equal(response.headers.get('x-sluice-deployment'), 'e2e-claude-mock');
+      assert.equal(completion.object, 'chat.completion');
+      assert.equal(completion.model, 'claude-mock');
+      assert.match(completion.id, /^msg_/);
+      assert.equal(completion.choices.length, 1);
+      const { message } = completion.choices[0];
+      assert.equal(message.role, 'assistant');
+      assert.equal(message.content, 'tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7 ');
+      assert.equal(message.tool_calls, undefined);
+      assert.equal(completion.choices[0].finish_reason, 'stop');
+      const { usage } = completion;
+      assert.ok(usage.prompt_tokens > 0, `prompt_tokens ${usage.prompt_tokens}`);
+      assert.equal(usage.completion_tokens, 8);
+      assert.equal(usage.total_tokens, usage.prompt_tokens + usage.completion_tokens);
+      plainText = message.content;
+    });
+
+    test('chat.completions.create streamed: content reassembled, a final usage chunk', async () => {
+      const stream = await client.chat.completions.create({
+        model: 'e2e-claude',
+        messages: question,
+        stream: true,
+        stream_options: { include_usage: true },
+      });
+      let text = '';
+      let contentChunks = 0;
+      let finishReason = null;
+      let usageChunks = 0;
+      let last;
+      for await (const chunk of stream) {
+        assert.equal(chunk.object, 'chat.completion.chunk');
+        for (const choice of chunk.choices) {
+          if (typeof choice.delta?.content === 'string' && choice.delta.content.length > 0) {
+            text += choice.delta.content;
+            contentChunks += 1;
+          }
+          if (choice.finish_reason) finishReason = choice.finish_reason;
+        }
+        if (chunk.usage) usageChunks += 1;
+        last = chunk;
+      }
+      assert.ok(contentChunks >= 2, `expected several content chunks, got ${contentChunks}`);
+      assert.equal(text, plainText ?? 'tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7 ');
+      assert.equal(finishReason, 'stop');
+      // The usage comes once, last, in a chunk without choices.
+      assert.equal(usageChunks, 1);
+      assert.deepEqual(last.choices, []);
+      assert.ok(last.usage.prompt_tokens > 0);
+      assert.equal(last.usage.completion_tokens, 8);
+      assert.equal(last.usage.total_tokens, last.usage.prompt_tokens + last.usage.completion_tokens);
+    });
+
+    test('tool calls streamed: the SDK reassembles the arguments', async () => {
+      const stream = client.chat.completions.stream(
+        { model: 'e2e-claude', messages: question, tools, stream_options: { include_usage: true } },
+        { headers: { 'x-mock-anthropic': 'tools' } });
+      let argumentChunks = 0;
+      let toolCallId;
+      for await (const chunk of stream) {
+        for (const call of chunk.choices[0]?.delta?.tool_calls ?? []) {
+          if (call.id) toolCallId = call.id;
+          if (call.function?.arguments) argumentChunks += 1;
+        }
+      }
+      const completion = await stream.finalChatCompletion();
+      assert.ok(argumentChunks > 5, `the arguments came in ${argumentChunks} chunks`);
+      const choice = completion.choices[0];
+      assert.equal(choice.finish_reason, 'tool_calls');
+      // The mock answers text before its tool_use block.
+      assert.equal(choice.message.content, 'tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7 ');
+      assert.equal(choice.message.tool_calls.length, 1);
+      const [call] = choice.message.tool_calls;
+      assert.equal(call.type, 'function');
+      assert.equal(call.function.name, 'get_forecast');
+      // Anthropic's tool_use id, kept.
+      assert.match(call.id, /^toolu_/);
+      assert.equal(call.id, toolCallId);
+      assert.deepEqual(JSON.parse(call.function.arguments), MOCK_TOOL_INPUT);
+      assert.ok(completion.usage.completion_tokens > 0);
+    });
+
+    test('tool calls without streaming', async () => {
+      const completion = await client.chat.completions.create(
+        { model: 'e2e-claude', messages: question, tools },
+        { headers: { 'x-mock-anthropic': 'tools' } });
+      const choice = completion.choices[0];
+      assert.equal(choice.finish_reason, 'tool_calls');
+      const [call] = choice.message.tool_calls;
+      assert.match(call.id, /^toolu_/);
+      assert.equal(call.function.name, 'get_forecast');
+      assert.deepEqual(JSON.parse(call.function.arguments), MOCK_TOOL_INPUT);
+    });
+
+    test('an overloaded upstream (529) is an OpenAI-shaped APIError once retries are spent',
+         async () => {
+           const started = Date.now();
+           await assert.rejects(
+             client.chat.completions.create(
+               { model: 'e2e-claude-overloaded', messages: question },
+               { headers: { 'x-mock-fail': 'overloaded' } }),
+             (error) => {
+               assert.ok(error instanceof OpenAI.APIError, `not an APIError: ${error}`);
+               assert.ok(error instanceof OpenAI.InternalServerError,
+                         `not an InternalServerError: ${error}`);
+               // The last upstream answer, its status kept and its body in
+               // OpenAI's shape (router.retries: 2 by default, so 3 attempts).
+               assert.equal(error.status, 529);
+               assert.equal(error.type, 'server_error');
+               assert.equal(error.code, 'overloaded');
+               assert.equal(error.error.message, 'Overloaded');
+               assert.equal(error.headers.get('x-sluice-attempts'), '3');
+               assert.equal(error.headers.get('x-sluice-deployment'), 'e2e-claude-overloaded-mock');
+               return true;
+             });
+           assert.ok(Date.now() - started < 10000);
+         });
   });
 });

@@ -32,6 +32,7 @@
 
 #include <gtest/gtest.h>
 
+#include "mock/anthropic.hpp"
 #include "support/child_process.hpp"
 
 namespace {
@@ -1311,6 +1312,63 @@ TEST(MockAnthropic, StreamSendsTheEventsInOrderAtTheInterval) {
   EXPECT_TRUE(eventually([&] { return mock->stats().streams_completed == 1; }, 1s));
 }
 
+TEST(MockAnthropic, TextAnswerEventsFormattedOnDemandMatchTheWholeStream) {
+  namespace anthropic = sluice::mock::anthropic;
+  for (unsigned tokens : {0u, 1u, 5u}) {
+    anthropic::Answer answer;
+    answer.serial = 7;
+    answer.model = "claude-test";
+    answer.text_tokens = tokens;
+    answer.input_tokens = 12;
+    std::string whole;
+    for (const auto& event : anthropic::stream_events(answer)) whole += event;
+    std::string on_demand;
+    for (std::size_t i = 0; i < anthropic::text_answer_event_count(answer); ++i) {
+      anthropic::append_text_answer_event(answer, i, on_demand);
+    }
+    EXPECT_EQ(on_demand, whole) << tokens << " tokens";
+  }
+
+  // The opening events and the text deltas are written out by hand: the
+  // same bytes as their JSON values dumped, keys in Anthropic's order.
+  using Ordered = nlohmann::ordered_json;
+  auto framed = [](std::string_view name, const Ordered& data) {
+    return "event: " + std::string(name) + "\ndata: " + data.dump() + "\n\n";
+  };
+  anthropic::Answer answer;
+  answer.serial = 3;
+  answer.model = "claude-\"quoted\"-\u00e9";
+  answer.text_tokens = 2;
+  answer.input_tokens = 12;
+  answer.cache_read_input_tokens = 5;
+  answer.cache_creation_input_tokens = 7;
+  const auto events = anthropic::stream_events(answer);
+  ASSERT_EQ(events.size(), 8u);
+  EXPECT_EQ(events[0], framed("message_start", {{"type", "message_start"},
+                                                {"message",
+                                                 {{"id", "msg_mock_3"},
+                                                  {"type", "message"},
+                                                  {"role", "assistant"},
+                                                  {"model", answer.model},
+                                                  {"content", Ordered::array()},
+                                                  {"stop_reason", nullptr},
+                                                  {"stop_sequence", nullptr},
+                                                  {"usage",
+                                                   {{"input_tokens", 12},
+                                                    {"output_tokens", 1},
+                                                    {"cache_read_input_tokens", 5},
+                                                    {"cache_creation_input_tokens", 7}}}}}}));
+  EXPECT_EQ(events[1],
+            framed("content_block_start", {{"type", "content_block_start"},
+                                           {"index", 0},
+                                           {"content_block", {{"type", "text"}, {"text", ""}}}}));
+  EXPECT_EQ(events[2], framed("ping", {{"type", "ping"}}));
+  EXPECT_EQ(events[4], framed("content_block_delta",
+                              {{"type", "content_block_delta"},
+                               {"index", 0},
+                               {"delta", {{"type", "text_delta"}, {"text", "tok1 "}}}}));
+}
+
 TEST(MockAnthropic, ToolUseAndThinkingStreamAsThePlainAnswerHasThem) {
   Behaviour behaviour;
   behaviour.tokens = 4;
@@ -1514,6 +1572,144 @@ TEST(MockServer, ErrorMidStreamOnOpenAiSendsAFewChunksThenAnError) {
 }
 
 // ---------------------------------------------------------------------------
+// OpenAI tool calls (x-mock-openai: tools)
+
+Json chat_body_with_tools(bool stream = false, bool include_usage = false) {
+  Json body = chat_body("gpt-tools", stream, include_usage);
+  body["tools"] =
+      Json::array({{{"type", "function"},
+                    {"function", {{"name", "lookup_order"}, {"parameters", {{"type", "object"}}}}}},
+                   {{"type", "function"}, {"function", {{"name", "cancel_order"}}}}});
+  return body;
+}
+
+const Headers kOpenAiTools = {{"x-mock-openai", "tools"}};
+
+TEST(MockServer, ToolCallsAnswerARequestThatOffersTools) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  const Response plain = client.post("/v1/chat/completions", chat_body_with_tools(), kOpenAiTools);
+  ASSERT_EQ(plain.result_int(), 200) << plain.body();
+  const Json completion = Json::parse(plain.body());
+  const Json& choice = completion["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["role"], "assistant");
+  EXPECT_TRUE(choice["message"]["content"].is_null());
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
+  const Json& call = choice["message"]["tool_calls"][0];
+  EXPECT_TRUE(call["id"].get<std::string>().starts_with("call_")) << call.dump();
+  EXPECT_FALSE(call.contains("index")) << "only a streamed call has an index";
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"]["name"], "lookup_order");  // the first tool offered
+  const std::string arguments = call["function"]["arguments"];
+  ASSERT_TRUE(Json::accept(arguments)) << arguments;
+  const Json input = Json::parse(arguments);
+  EXPECT_TRUE(input.is_object());
+  EXPECT_FALSE(input.empty());
+  EXPECT_GT(completion["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(completion["usage"]["total_tokens"],
+            completion["usage"]["prompt_tokens"].get<int>() +
+                completion["usage"]["completion_tokens"].get<int>());
+
+  // Streamed: the call's id, type and name first, then its arguments a few
+  // characters a chunk, then the finish reason, the usage and [DONE].
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/chat/completions",
+                           chat_body_with_tools(true, true).dump(), kOpenAiTools));
+  ASSERT_FALSE(client.read_stream_head()) << client.last_error().message();
+  std::vector<Json> chunks;
+  while (auto event = client.next_event()) chunks.push_back(event_data(*event));
+  ASSERT_TRUE(client.stream_done()) << client.last_error().message();
+  ASSERT_GE(chunks.size(), 5u);
+  EXPECT_TRUE(chunks.back().is_null()) << "the stream ends with [DONE]";
+  const Json& usage = chunks[chunks.size() - 2];
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"], completion["usage"]);
+  const Json& finish = chunks[chunks.size() - 3];
+  EXPECT_EQ(finish["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(finish["choices"][0]["delta"], Json::object());
+
+  const Json& opening = chunks[0]["choices"][0]["delta"];
+  EXPECT_EQ(opening["role"], "assistant");
+  ASSERT_EQ(opening["tool_calls"].size(), 1u);
+  EXPECT_EQ(opening["tool_calls"][0]["index"], 0);
+  EXPECT_TRUE(opening["tool_calls"][0]["id"].get<std::string>().starts_with("call_"));
+  EXPECT_EQ(opening["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(opening["tool_calls"][0]["function"]["name"], "lookup_order");
+  EXPECT_EQ(opening["tool_calls"][0]["function"]["arguments"], "");
+  std::string streamed;
+  std::size_t pieces = 0;
+  bool a_piece_is_not_json = false;
+  for (std::size_t i = 1; i + 3 < chunks.size(); ++i) {
+    EXPECT_EQ(chunks[i]["object"], "chat.completion.chunk");
+    ASSERT_TRUE(chunks[i].contains("usage")) << i;
+    EXPECT_TRUE(chunks[i]["usage"].is_null()) << i;
+    const Json& delta = chunks[i]["choices"][0]["delta"];
+    ASSERT_EQ(delta["tool_calls"].size(), 1u) << delta.dump();
+    EXPECT_EQ(delta["tool_calls"][0]["index"], 0);
+    EXPECT_FALSE(delta["tool_calls"][0].contains("id"));
+    const std::string piece = delta["tool_calls"][0]["function"]["arguments"];
+    EXPECT_LE(piece.size(), 8u);
+    a_piece_is_not_json |= !Json::accept(piece);
+    streamed += piece;
+    ++pieces;
+  }
+  EXPECT_GT(pieces, 5u);
+  EXPECT_TRUE(a_piece_is_not_json);
+  EXPECT_EQ(streamed, arguments);
+}
+
+TEST(MockServer, ToolCallsNeedToolsOfferedAndAValidSetting) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  // Offered tools without the header, or the header without tools: text.
+  for (const auto& [body, headers] : std::vector<std::pair<Json, Headers>>{
+           {chat_body_with_tools(), {}}, {chat_body(), kOpenAiTools}}) {
+    const Json completion = Json::parse(client.post("/v1/chat/completions", body, headers).body());
+    EXPECT_EQ(completion["choices"][0]["finish_reason"], "stop");
+    EXPECT_EQ(completion["choices"][0]["message"]["content"], expected_content(8));
+    EXPECT_FALSE(completion["choices"][0]["message"].contains("tool_calls"));
+  }
+  EXPECT_EQ(
+      client.post("/v1/chat/completions", chat_body_with_tools(), {{"x-mock-openai", "pictures"}})
+          .result_int(),
+      400);
+
+  // The behaviour sets it for every request.
+  EXPECT_EQ(
+      client.request(http::verb::post, "/mock/behaviour", R"({"openai":"tools"})").result_int(),
+      204);
+  EXPECT_EQ(mock->behaviour().openai_content, "tools");
+  const Json called =
+      Json::parse(client.post("/v1/chat/completions", chat_body_with_tools()).body());
+  EXPECT_EQ(called["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(
+      client.request(http::verb::post, "/mock/behaviour", R"({"openai":"pictures"})").result_int(),
+      400);
+  Behaviour unknown;
+  unknown.openai_content = "pictures";
+  EXPECT_THROW(mock->set_behaviour(unknown), std::invalid_argument);
+}
+
+TEST(MockServer, ErrorMidStreamCutsAToolCallsArguments) {
+  auto mock = start_mock();
+  TestClient client(mock->port());
+  ASSERT_FALSE(client.connect());
+  ASSERT_FALSE(client.send(http::verb::post, "/v1/chat/completions",
+                           chat_body_with_tools(true).dump(),
+                           {{"x-mock-openai", "tools"}, {"x-mock-fail", "error-mid"}}));
+  ASSERT_FALSE(client.read_stream_head());
+  std::vector<Json> chunks;
+  while (auto event = client.next_event()) chunks.push_back(event_data(*event));
+  ASSERT_EQ(chunks.size(), 5u);  // the opening chunk, 3 pieces, the error
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"], "lookup_order");
+  for (int i = 1; i < 4; ++i) {
+    EXPECT_TRUE(
+        chunks[i]["choices"][0]["delta"]["tool_calls"][0]["function"].contains("arguments"));
+  }
+  EXPECT_EQ(chunks[4]["error"]["type"], "server_error");
+}
+
+// ---------------------------------------------------------------------------
 // Azure OpenAI's deployment paths
 
 TEST(MockAzure, DeploymentPathsAnswerAsOpenAiDoes) {
@@ -1629,6 +1825,8 @@ TEST(MockBinary, HelpNamesTheAnthropicAndAzureEndpoints) {
   EXPECT_NE(help.find("/v1/messages"), std::string::npos) << help;
   EXPECT_NE(help.find("/openai/deployments/"), std::string::npos) << help;
   EXPECT_NE(help.find("--anthropic"), std::string::npos) << help;
+  EXPECT_NE(help.find("--openai"), std::string::npos) << help;
+  EXPECT_NE(help.find("x-mock-openai"), std::string::npos) << help;
 }
 
 TEST(MockBinary, BadArgumentsExitWithCode2) {
@@ -1638,6 +1836,7 @@ TEST(MockBinary, BadArgumentsExitWithCode2) {
                                                                      {"--ttft", "soon"},
                                                                      {"--listen", "nowhere"},
                                                                      {"--anthropic", "pictures"},
+                                                                     {"--openai", "pictures"},
                                                                      {"--what"}}) {
     ChildProcess child(*binary, arguments);
     EXPECT_EQ(child.wait_exit(5s), 2) << arguments.front();

@@ -71,26 +71,50 @@ std::string block_stop(std::size_t index) {
   return event("content_block_stop", {{"type", "content_block_stop"}, {"index", index}});
 }
 
+// The events of a text answer up to its last delta are written out by hand
+// rather than built as JSON values: they come before the first byte a
+// client sees, which is then no later than an OpenAI chunk's (a benchmark
+// compares the two). They are the same bytes the JSON values dump to.
+
 std::string message_start(const Answer& answer) {
   // As the real API does, the opening usage counts the input and one output
   // token; message_delta carries the final output count.
-  return event("message_start", {{"type", "message_start"},
-                                 {"message",
-                                  {{"id", message_id(answer)},
-                                   {"type", "message"},
-                                   {"role", "assistant"},
-                                   {"model", answer.model},
-                                   {"content", Json::array()},
-                                   {"stop_reason", nullptr},
-                                   {"stop_sequence", nullptr},
-                                   {"usage", usage(answer, 1)}}}});
+  std::string out =
+      "event: message_start\ndata: "
+      R"({"type":"message_start","message":{"id":")";
+  out += message_id(answer);
+  out += R"(","type":"message","role":"assistant","model":)";
+  out += Json(answer.model).dump();
+  out += R"(,"content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":)";
+  out += std::to_string(answer.input_tokens);
+  out += R"(,"output_tokens":1,"cache_read_input_tokens":)";
+  out += std::to_string(answer.cache_read_input_tokens);
+  out += R"(,"cache_creation_input_tokens":)";
+  out += std::to_string(answer.cache_creation_input_tokens);
+  out += "}}}\n\n";
+  return out;
 }
 
-std::string ping() { return event("ping", {{"type", "ping"}}); }
+std::string text_block_start(std::size_t index) {
+  return "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":" +
+         std::to_string(index) + R"(,"content_block":{"type":"text","text":""}})" + "\n\n";
+}
+
+std::string ping() { return "event: ping\ndata: {\"type\":\"ping\"}\n\n"; }
+
+std::string message_delta(const Answer& answer) {
+  return event("message_delta",
+               {{"type", "message_delta"},
+                {"delta", {{"stop_reason", stop_reason(answer)}, {"stop_sequence", nullptr}}},
+                {"usage", {{"output_tokens", output_tokens(answer)}}}});
+}
+
+std::string message_stop() { return event("message_stop", {{"type", "message_stop"}}); }
 
 std::string text_delta(std::size_t block_index, std::size_t token_index) {
-  return block_delta(block_index,
-                     {{"type", "text_delta"}, {"text", "tok" + std::to_string(token_index) + ' '}});
+  return "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":" +
+         std::to_string(block_index) + R"(,"delta":{"type":"text_delta","text":"tok)" +
+         std::to_string(token_index) + " \"}}\n\n";
 }
 
 }  // namespace
@@ -161,14 +185,14 @@ std::vector<std::string> stream_events(const Answer& answer) {
   std::size_t block = 0;
   bool pinged = false;
   // The real API sends its first ping right after the first block starts.
-  auto start = [&](Json content_block) {
-    events.push_back(block_start(block, std::move(content_block)));
+  auto start = [&](std::string block_start_event) {
+    events.push_back(std::move(block_start_event));
     if (!pinged) events.push_back(ping());
     pinged = true;
   };
 
   if (answer.content.thinking) {
-    start({{"type", "thinking"}, {"thinking", ""}, {"signature", ""}});
+    start(block_start(block, {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}));
     for (auto word : kThinkingWords) {
       events.push_back(block_delta(block, {{"type", "thinking_delta"}, {"thinking", word}}));
     }
@@ -176,15 +200,15 @@ std::vector<std::string> stream_events(const Answer& answer) {
     events.push_back(block_stop(block++));
   }
 
-  start({{"type", "text"}, {"text", ""}});
+  start(text_block_start(block));
   for (unsigned i = 0; i < answer.text_tokens; ++i) events.push_back(text_delta(block, i));
   events.push_back(block_stop(block++));
 
   if (answer.content.tool_use) {
-    start({{"type", "tool_use"},
-           {"id", tool_use_id(answer)},
-           {"name", answer.tool_name},
-           {"input", Json::object()}});
+    start(block_start(block, {{"type", "tool_use"},
+                              {"id", tool_use_id(answer)},
+                              {"name", answer.tool_name},
+                              {"input", Json::object()}}));
     const std::string input = tool_input_json(answer);
     for (std::size_t at = 0; at < input.size(); at += kToolInputPieceBytes) {
       events.push_back(
@@ -194,12 +218,8 @@ std::vector<std::string> stream_events(const Answer& answer) {
     events.push_back(block_stop(block++));
   }
 
-  events.push_back(
-      event("message_delta",
-            {{"type", "message_delta"},
-             {"delta", {{"stop_reason", stop_reason(answer)}, {"stop_sequence", nullptr}}},
-             {"usage", {{"output_tokens", output_tokens(answer)}}}}));
-  events.push_back(event("message_stop", {{"type", "message_stop"}}));
+  events.push_back(message_delta(answer));
+  events.push_back(message_stop());
   return events;
 }
 
@@ -217,13 +237,32 @@ void append_endless_event(const Answer& answer, std::size_t index, std::string& 
       out += message_start(answer);
       break;
     case 1:
-      out += block_start(0, {{"type", "text"}, {"text", ""}});
+      out += text_block_start(0);
       break;
     case 2:
       out += ping();
       break;
     default:
       out += text_delta(0, index - kEventsBeforeFirstDelta);
+  }
+}
+
+std::size_t text_answer_event_count(const Answer& answer) {
+  // The opening events, the deltas, then content_block_stop, message_delta
+  // and message_stop.
+  return kEventsBeforeFirstDelta + answer.text_tokens + 3;
+}
+
+void append_text_answer_event(const Answer& answer, std::size_t index, std::string& out) {
+  const std::size_t deltas_end = kEventsBeforeFirstDelta + answer.text_tokens;
+  if (index < deltas_end) {
+    append_endless_event(answer, index, out);
+  } else if (index == deltas_end) {
+    out += block_stop(0);
+  } else if (index == deltas_end + 1) {
+    out += message_delta(answer);
+  } else {
+    out += message_stop();
   }
 }
 

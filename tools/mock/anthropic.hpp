@@ -64,6 +64,12 @@ bool is_message_delta_event(std::string_view event);
 // answer, then text deltas for ever.
 void append_endless_event(const Answer& answer, std::size_t index, std::string& out);
 
+// A text-only answer (no thinking, no tool use) streamed as stream_events()
+// streams it, each event formatted when it is due rather than all of them
+// before the first: its first event costs no more than an OpenAI chunk's.
+std::size_t text_answer_event_count(const Answer& answer);
+void append_text_answer_event(const Answer& answer, std::size_t index, std::string& out);
+
 // {"type":"error","error":{"type":TYPE,"message":MESSAGE}}
 std::string error_body(std::string_view type, std::string_view message);
 // The same error sent as an SSE event in the middle of a stream.

@@ -50,6 +50,11 @@ translations, models) whose timing and failures are scripted. It also answers
   --retry-after N        Retry-After seconds on 429 (default 1)
   --retry-after-ms N     also send retry-after-ms: N on 429, as Azure does (default: not sent)
   --anthropic BLOCKS     extra /v1/messages blocks: tools|thinking|tools,thinking
+                         (per request: x-mock-anthropic)
+  --openai CONTENT       tools: a chat completion whose request offers tools
+                         calls the first one (tool_calls, finish_reason
+                         tool_calls; streamed, the arguments in small pieces)
+                         (per request: x-mock-openai)
   --cache-read-tokens N  cache_read_input_tokens in /v1/messages usage (default 0)
   --cache-creation-tokens N
                          cache_creation_input_tokens in /v1/messages usage (default 0)
@@ -208,6 +213,12 @@ Arguments parse_arguments(int argc, char** argv) {
         throw UsageError{"unknown --anthropic blocks '" + std::string(blocks) + "'"};
       }
       behaviour.anthropic_content = std::string(blocks);
+    } else if (option == "--openai") {
+      const std::string_view content = value();
+      if (!sluice::mock::is_valid_openai_content(content)) {
+        throw UsageError{"unknown --openai content '" + std::string(content) + "'"};
+      }
+      behaviour.openai_content = std::string(content);
     } else if (option == "--cache-read-tokens") {
       behaviour.cache_read_tokens = count_option(option, value());
     } else if (option == "--cache-creation-tokens") {

@@ -60,6 +60,9 @@ constexpr std::uint64_t kContextLimitTokens = 8192;
 constexpr std::size_t kTruncateAfterEvents = 3;
 // Content deltas an "error-mid" stream sends before its error event.
 constexpr std::size_t kErrorMidAfterDeltas = 3;
+// Streamed tool-call arguments come in pieces this many bytes long, split
+// mid-token as OpenAI splits them.
+constexpr std::size_t kToolArgumentPieceBytes = 5;
 // An endless stream with no interval would flood the peer; this floor keeps it
 // a stream rather than a firehose.
 constexpr auto kEndlessMinInterval = std::chrono::milliseconds(1);
@@ -467,10 +470,33 @@ struct Plan {
   std::vector<std::string> embedding_inputs;
   unsigned dims = 16;
   anthropic::Answer anthropic_answer;  // for Endpoint::messages
+  // For Endpoint::chat: when not empty, the answer is a call of this tool
+  // (x-mock-openai: tools and a request that offers tools).
+  std::string tool_name;
 };
 
+// The arguments of a chat completion's tool call: the same object as the
+// Anthropic answers' tool_use input, so a test can compare what reaches a
+// client through either protocol.
+std::string tool_arguments() { return anthropic::tool_input_json({}); }
+
+std::uint64_t completion_tokens(const Plan& plan) {
+  if (plan.tool_name.empty()) return plan.behaviour.tokens;
+  return std::max<std::uint64_t>(1, tool_arguments().size() / 4);
+}
+
+// The tool call's id, type and name, up to the arguments (left open); a
+// streamed call starts with its index.
+void append_tool_call_opening(std::string& out, const Plan& plan, bool streamed) {
+  out += streamed ? R"({"index":0,"id":"call_mock_)" : R"({"id":"call_mock_)";
+  append_uint(out, plan.serial);
+  out += R"(","type":"function","function":{"name":)";
+  append_json_string(out, plan.tool_name);
+  out += R"(,"arguments":)";
+}
+
 void append_usage(std::string& out, const Plan& plan) {
-  const std::uint64_t completion = plan.behaviour.tokens;
+  const std::uint64_t completion = completion_tokens(plan);
   if (plan.endpoint == Endpoint::responses || plan.endpoint == Endpoint::transcriptions) {
     out += plan.endpoint == Endpoint::transcriptions ? R"({"type":"tokens","input_tokens":)"
                                                      : R"({"input_tokens":)";
@@ -534,6 +560,17 @@ std::string complete_body(const Plan& plan) {
       append_int(out, plan.created);
       out += R"(,"model":)";
       out += plan.model_json;
+      if (!plan.tool_name.empty()) {
+        // As OpenAI answers a tool call: no content, the call, its finish reason.
+        out += R"(,"choices":[{"index":0,"message":{"role":"assistant","content":null,)";
+        out += R"("tool_calls":[)";
+        append_tool_call_opening(out, plan, false);
+        append_json_string(out, tool_arguments());
+        out += R"(}}]},"logprobs":null,"finish_reason":"tool_calls"}],"usage":)";
+        append_usage(out, plan);
+        out += '}';
+        break;
+      }
       out += R"(,"choices":[{"index":0,"message":{"role":"assistant","content":")";
       append_all_tokens(out, plan);
       out += R"("},"logprobs":null,"finish_reason":"stop"}],"usage":)";
@@ -660,6 +697,7 @@ class EventScript {
     prefix_ += R"(,"model":)";
     prefix_ += plan.model_json;
     prefix_ += R"(,"choices":)";
+    if (!plan.tool_name.empty()) script_openai_tool_call();
     if (plan.fail == FailMode::error_mid) script_openai_error_mid();
   }
 
@@ -671,8 +709,12 @@ class EventScript {
       out += scripted_[index];
       return;
     }
-    if (plan_.endpoint == Endpoint::messages) {  // an endless Anthropic stream
-      anthropic::append_endless_event(plan_.anthropic_answer, index, out);
+    if (plan_.endpoint == Endpoint::messages) {  // a text answer, or an endless stream
+      if (plan_.fail == FailMode::endless) {
+        anthropic::append_endless_event(plan_.anthropic_answer, index, out);
+      } else {
+        anthropic::append_text_answer_event(plan_.anthropic_answer, index, out);
+      }
       return;
     }
     const std::size_t tokens = plan_.behaviour.tokens;
@@ -755,11 +797,46 @@ class EventScript {
   }
 
  private:
-  // A few tokens, then the error OpenAI sends when a stream fails midway.
+  // A tool call: its id, type and name in the first chunk, then its
+  // arguments a few characters a chunk, then the finish reason, the usage
+  // when asked for, and [DONE].
+  void script_openai_tool_call() {
+    const std::string arguments = tool_arguments();
+    std::string& opening = scripted_.emplace_back(prefix_);
+    opening += R"([{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[)";
+    append_tool_call_opening(opening, plan_, true);
+    opening += R"(""}}]},"logprobs":null,"finish_reason":null}])";
+    end_chunk(opening);
+    for (std::size_t at = 0; at < arguments.size(); at += kToolArgumentPieceBytes) {
+      std::string& piece = scripted_.emplace_back(prefix_);
+      piece += R"([{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":)";
+      append_json_string(piece, std::string_view(arguments).substr(at, kToolArgumentPieceBytes));
+      piece += R"(}}]},"logprobs":null,"finish_reason":null}])";
+      end_chunk(piece);
+    }
+    std::string& finish = scripted_.emplace_back(prefix_);
+    finish += R"([{"index":0,"delta":{},"logprobs":null,"finish_reason":"tool_calls"}])";
+    end_chunk(finish);
+    if (plan_.include_usage) {
+      std::string& usage = scripted_.emplace_back(prefix_);
+      usage += R"([],"usage":)";
+      append_usage(usage, plan_);
+      usage += "}\n\n";
+    }
+    scripted_.emplace_back("data: [DONE]\n\n");
+    count_ = scripted_.size();
+  }
+
+  // A few tokens (or pieces of a tool call's arguments), then the error
+  // OpenAI sends when a stream fails midway.
   void script_openai_error_mid() {
-    const std::size_t tokens = plan_.behaviour.tokens;
-    for (std::size_t index = 0; index < std::min(tokens, kErrorMidAfterDeltas); ++index) {
-      append_token_event(index, scripted_.emplace_back());
+    if (!scripted_.empty()) {  // a tool call: its opening chunk and a few pieces
+      scripted_.resize(std::min(scripted_.size(), 1 + kErrorMidAfterDeltas));
+    } else {
+      const std::size_t tokens = plan_.behaviour.tokens;
+      for (std::size_t index = 0; index < std::min(tokens, kErrorMidAfterDeltas); ++index) {
+        append_token_event(index, scripted_.emplace_back());
+      }
     }
     scripted_.push_back("data: " +
                         error_body("The server had an error while processing your request. "
@@ -769,11 +846,17 @@ class EventScript {
     count_ = scripted_.size();
   }
 
-  // An Anthropic stream has too many kinds of event to format on demand, so
-  // it is formatted up front; an endless one is formatted as it goes.
+  // A text answer is formatted as it goes, as the OpenAI streams are, and
+  // so is an endless one; one with thinking or tool use, or cut by an error,
+  // has too many kinds of event for that and is formatted up front.
   void script_anthropic() {
     if (plan_.fail == FailMode::endless) {
       count_ = anthropic::kEventsBeforeFirstDelta + plan_.behaviour.tokens;
+      return;
+    }
+    const auto& content = plan_.anthropic_answer.content;
+    if (!content.thinking && !content.tool_use && plan_.fail != FailMode::error_mid) {
+      count_ = anthropic::text_answer_event_count(plan_.anthropic_answer);
       return;
     }
     scripted_ = anthropic::stream_events(plan_.anthropic_answer);
@@ -826,9 +909,9 @@ void stamp_event(std::string& event) {
 // ---------------------------------------------------------------------------
 // Behaviour overrides
 
-// `for_anthropic`: the request is for an Anthropic endpoint, the only ones the
-// Anthropic headers concern; the OpenAI paths skip looking them up.
-std::optional<std::string> apply_header_overrides(const http::fields& fields, bool for_anthropic,
+// The Anthropic headers concern only the Anthropic endpoints and
+// x-mock-openai only chat completions; other paths skip looking them up.
+std::optional<std::string> apply_header_overrides(const http::fields& fields, Endpoint endpoint,
                                                   Behaviour& behaviour) {
   auto header = [&](std::string_view name) -> std::optional<std::string_view> {
     auto found = fields.find(beast::string_view(name.data(), name.size()));
@@ -879,7 +962,13 @@ std::optional<std::string> apply_header_overrides(const http::fields& fields, bo
   if (!read_count("x-mock-retry-after-ms", behaviour.retry_after_ms)) {
     return invalid("x-mock-retry-after-ms");
   }
-  if (for_anthropic) {
+  if (endpoint == Endpoint::chat) {
+    if (auto value = header("x-mock-openai")) {
+      if (!is_valid_openai_content(*value)) return invalid("x-mock-openai");
+      behaviour.openai_content.assign(value->data(), value->size());
+    }
+  }
+  if (is_anthropic(endpoint)) {
     if (!read_count("x-mock-cache-read-tokens", behaviour.cache_read_tokens)) {
       return invalid("x-mock-cache-read-tokens");
     }
@@ -968,6 +1057,9 @@ std::optional<std::string> apply_behaviour_json(const Json& document, Behaviour&
       ok = value.is_string() &&
            anthropic::parse_content_choice(value.get_ref<const std::string&>()).has_value();
       if (ok) behaviour.anthropic_content = value.get<std::string>();
+    } else if (key == "openai") {
+      ok = value.is_string() && is_valid_openai_content(value.get_ref<const std::string&>());
+      if (ok) behaviour.openai_content = value.get<std::string>();
     } else if (key == "dims") {
       auto v = count();
       ok = v.has_value() && *v > 0 && *v <= kMaxDims;
@@ -1003,6 +1095,7 @@ Json behaviour_json(const Behaviour& behaviour) {
       {"dims", behaviour.dims},
       {"stamp", behaviour.stamp},
       {"anthropic", behaviour.anthropic_content},
+      {"openai", behaviour.openai_content},
       {"cache_read_tokens", behaviour.cache_read_tokens},
       {"cache_creation_tokens", behaviour.cache_creation_tokens},
   };
@@ -1189,7 +1282,7 @@ std::variant<Plan, Reply> make_plan(Endpoint endpoint, const Request& request, S
   Plan plan;
   plan.endpoint = endpoint;
   plan.behaviour = state.behaviour_snapshot();
-  if (auto error = apply_header_overrides(request.base(), is_anthropic(endpoint), plan.behaviour)) {
+  if (auto error = apply_header_overrides(request.base(), endpoint, plan.behaviour)) {
     return invalid_request(*error, {}, "invalid_mock_header");
   }
   if (is_azure_deployment_path(to_std(request.target())) &&
@@ -1310,6 +1403,23 @@ std::variant<Plan, Reply> make_plan(Endpoint endpoint, const Request& request, S
                      .count();
   plan.ttft = plan.behaviour.ttft +
               plan.behaviour.ttft_per_prompt_token * static_cast<std::int64_t>(plan.prompt_tokens);
+  // An endless stream has no end for a tool call's arguments: it sends text.
+  if (endpoint == Endpoint::chat && plan.behaviour.openai_content == "tools" && !skip_body &&
+      plan.fail != FailMode::endless) {
+    // The tool the model "calls" is the first one the request offers; a
+    // request that offers none is answered with text.
+    if (auto tools = body.find("tools");
+        tools != body.end() && tools->is_array() && !tools->empty()) {
+      plan.tool_name = "get_weather";
+      const Json& tool = tools->front();
+      if (auto function = tool.find("function");
+          tool.is_object() && function != tool.end() && function->is_object()) {
+        if (auto name = function->find("name"); name != function->end() && name->is_string()) {
+          plan.tool_name = name->get<std::string>();
+        }
+      }
+    }
+  }
   if (endpoint == Endpoint::messages) {
     auto content = anthropic::parse_content_choice(plan.behaviour.anthropic_content);
     if (!content) {
@@ -1955,6 +2065,10 @@ bool is_valid_anthropic_content(std::string_view content) {
   return anthropic::parse_content_choice(content).has_value();
 }
 
+bool is_valid_openai_content(std::string_view content) {
+  return content.empty() || content == "tools";
+}
+
 std::optional<std::string> RecordedRequest::header(std::string_view name) const {
   for (const auto& [key, value] : headers) {
     if (iequals(key, name)) return value;
@@ -2027,6 +2141,10 @@ MockServer::MockServer(Options options) : impl_(std::make_unique<Impl>(std::move
   if (!is_valid_anthropic_content(impl_->options.behaviour.anthropic_content)) {
     throw std::invalid_argument("unknown Anthropic content '" +
                                 impl_->options.behaviour.anthropic_content + "'");
+  }
+  if (!is_valid_openai_content(impl_->options.behaviour.openai_content)) {
+    throw std::invalid_argument("unknown OpenAI content '" +
+                                impl_->options.behaviour.openai_content + "'");
   }
 }
 
@@ -2116,6 +2234,9 @@ void MockServer::set_behaviour(Behaviour behaviour) {
   }
   if (!is_valid_anthropic_content(behaviour.anthropic_content)) {
     throw std::invalid_argument("unknown Anthropic content '" + behaviour.anthropic_content + "'");
+  }
+  if (!is_valid_openai_content(behaviour.openai_content)) {
+    throw std::invalid_argument("unknown OpenAI content '" + behaviour.openai_content + "'");
   }
   std::lock_guard lock(impl_->state.behaviour_mutex);
   impl_->state.behaviour = std::move(behaviour);

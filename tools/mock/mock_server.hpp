@@ -61,6 +61,12 @@ struct Behaviour {
   // text: "" | tools | thinking | tools,thinking. "tools" adds a tool_use block
   // (stop_reason "tool_use"), "thinking" a thinking block before the text.
   std::string anthropic_content;
+  // x-mock-openai: what a chat completion answers besides text: "" | tools.
+  // "tools" answers a request that offers tools with one call of the first
+  // tool offered (tool_calls, finish_reason "tool_calls"; streamed, its
+  // arguments come in pieces of a few characters); a request without tools
+  // is answered with text.
+  std::string openai_content;
   // x-mock-cache-read-tokens, x-mock-cache-creation-tokens: the prompt cache
   // counts a /v1/messages answer reports in its usage.
   unsigned cache_read_tokens = 0;
@@ -71,6 +77,8 @@ struct Behaviour {
 bool is_valid_fail_mode(std::string_view mode);
 // True for every value listed on Behaviour::anthropic_content.
 bool is_valid_anthropic_content(std::string_view content);
+// True for every value listed on Behaviour::openai_content.
+bool is_valid_openai_content(std::string_view content);
 
 struct Stats {
   std::uint64_t connections_accepted = 0;  // TCP connections accepted since start
