@@ -15,6 +15,7 @@
 #include "sluice/http/relay_socket.hpp"
 #include "sluice/http/socket_deadline.hpp"
 #include "sluice/openai/api_error.hpp"
+#include "sluice/protocol/dialect.hpp"
 #include "sluice/server/gateway.hpp"
 #include "sluice/server/pipeline.hpp"
 #include "sluice/stream/relay.hpp"
@@ -67,10 +68,12 @@ std::optional<ApiError> read_error_response(const error_code& ec, const config::
 // allows answers the gateway means to give.
 constexpr std::chrono::seconds kRefusalWriteLimit{5};
 
-// Answers before any request has been parsed (no RequestContext yet).
+// Answers before any request has been parsed (no RequestContext yet), in
+// the dialect of the endpoint the request's head named, if it was read.
 net::awaitable<void> write_plain_error(net::ip::tcp::socket& client, SocketDeadline& deadline,
-                                       const ApiError& error) {
-  std::string body = error.to_json();
+                                       const ApiError& error,
+                                       protocol::Dialect dialect = protocol::Dialect::openai) {
+  std::string body = protocol::error_json(dialect, error);
   std::string response =
       "HTTP/1.1 " + std::to_string(error.status) + " " +
       std::string(http::obsolete_reason(static_cast<http::status>(error.status))) +
@@ -83,10 +86,19 @@ net::awaitable<void> write_plain_error(net::ip::tcp::socket& client, SocketDeadl
 // stalled. A coroutine of its own: the connection's frame lives as long as
 // the connection, and should not carry the error's slots.
 net::awaitable<void> answer_unreadable(net::ip::tcp::socket& client, SocketDeadline& deadline,
-                                       const error_code& ec, const config::Server& limits) {
+                                       const error_code& ec, const config::Server& limits,
+                                       protocol::Dialect dialect) {
   if (auto error = read_error_response(ec, limits)) {
-    co_await write_plain_error(client, deadline, *error);
+    co_await write_plain_error(client, deadline, *error, dialect);
   }
+}
+
+// The dialect of the endpoint a request's target names (its body may be
+// what could not be read).
+protocol::Dialect dialect_of_target(std::string_view target) {
+  const auto path = target.substr(0, target.find('?'));
+  return protocol::messages_endpoint(path) ? protocol::Dialect::anthropic
+                                           : protocol::Dialect::openai;
 }
 
 // Closing right after an error answer while the client is still sending
@@ -168,8 +180,9 @@ class Connection {
   auto send_continue(const config::Server& limits) {
     return write_eagerly(client_, deadline_, limits.write_timeout, kContinueResponse);
   }
-  auto answer_unreadable(const error_code& ec, const config::Server& limits) {
-    return server::answer_unreadable(client_, deadline_, ec, limits);
+  auto answer_unreadable(const error_code& ec, const config::Server& limits,
+                         protocol::Dialect dialect) {
+    return server::answer_unreadable(client_, deadline_, ec, limits, dialect);
   }
   // The request read whole: the connection's waits end, and the pipeline
   // gets the request's context.
@@ -321,7 +334,9 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
     auto settled = connection.parse_head(request, limits, taken);
     if (!settled) settled = co_await connection.read_rest(request, false);
     if (!connection.head_read(*settled)) {
-      co_await connection.answer_unreadable(*settled, limits);
+      // The target is known when the head was whole but refused (a body
+      // announced over the limit); empty otherwise.
+      co_await connection.answer_unreadable(*settled, limits, dialect_of_target(request.target()));
       break;
     }
     if (!request.is_done()) {
@@ -329,7 +344,8 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
       settled = connection.parse_body(request, limits);
       if (!settled) settled = co_await connection.read_rest(request, true);
       if (*settled) {
-        co_await connection.answer_unreadable(*settled, limits);
+        co_await connection.answer_unreadable(*settled, limits,
+                                              dialect_of_target(request.target()));
         break;
       }
     }

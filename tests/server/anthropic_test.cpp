@@ -363,6 +363,15 @@ TEST_F(Anthropic, MessagesErrorsComeInAnthropicsShape) {
   expect_error(http_request(gateway.port(), "POST", "/v1/messages", messages_body("gpt", false),
                             with_key({{"x-mock-fail", "400"}})),
                400, "invalid_request_error");
+  // A body over the limit is refused from the head, in the dialect the head
+  // names.
+  HttpConnection too_large(gateway.port());
+  too_large.send_raw(
+      "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: 100000000\r\n\r\n");
+  auto head = too_large.read_head();
+  head.body = too_large.read_rest_of_body();
+  expect_error(head, 413, "request_too_large");
   // An OpenAI client still gets OpenAI's shape.
   auto openai = http_request(gateway.port(), "POST", "/v1/chat/completions",
                              chat_body("nope", false), with_key());
