@@ -349,9 +349,17 @@ net::awaitable<void> accept_connections(Gateway& gateway, Worker& accepting,
       const int descriptor =
           ::accept4(acceptor.native_handle(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (descriptor >= 0) {
-        admit(gateway, accepting, *workers[next++ % workers.size()], AcceptedDescriptor(descriptor),
-              protocol);
         ++taken;
+        AcceptedDescriptor accepted(descriptor);
+        try {
+          inject_fault(FaultPoint::connection_accepted);
+          admit(gateway, accepting, *workers[next++ % workers.size()], std::move(accepted),
+                protocol);
+        } catch (...) {
+          // A bug costs the connection (closed with `accepted`), not the
+          // listener: accepting goes on.
+          report_internal_error(accepting, "accepting connections", std::current_exception());
+        }
         continue;
       }
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;

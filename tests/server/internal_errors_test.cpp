@@ -95,5 +95,20 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"HedgeAttempt", server::FaultPoint::hedge_attempt, true}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// A bug met while a connection is accepted costs that connection, not the
+// listener: the next connection is served.
+TEST(InternalErrorWhileAccepting, CostsTheConnectionAndTheListenerGoesOn) {
+  auto upstream = start_mock();
+  const ThrowOnceAt fault(server::FaultPoint::connection_accepted);
+  TestGateway gateway("server:\n  threads: 1\nmodels:\n  - name: chat\n    deployments:\n" +
+                      deployment_yaml("only", upstream->base_url()));
+  EXPECT_ANY_THROW(http_request(gateway.port(), "GET", "/health"));
+  auto& gateway_metrics = gateway.gateway().metrics();
+  EXPECT_TRUE(eventually([&] { return gateway_metrics.internal_errors.value() == 1; }));
+  EXPECT_EQ(gateway.gateway().open_connections().load(), 0);
+  auto next = http_request(gateway.port(), "GET", "/health");
+  EXPECT_EQ(next.status, 200u) << next.body;
+}
+
 }  // namespace
 }  // namespace sluice::testing

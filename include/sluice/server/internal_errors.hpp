@@ -37,9 +37,10 @@ class InternalErrorBarrier {
 // Where a test may make the request path throw, to see that the barrier
 // and the guards hold.
 enum class FaultPoint {
-  attempt_failed,  // an upstream attempt failed; its deployment slot is held
-  hedge_launched,  // a hedge was planned while its primary runs
-  hedge_attempt,   // in the coroutine of a hedge's attempt
+  attempt_failed,       // an upstream attempt failed; its deployment slot is held
+  hedge_launched,       // a hedge was planned while its primary runs
+  hedge_attempt,        // in the coroutine of a hedge's attempt
+  connection_accepted,  // a connection was accepted, before a worker takes it
 };
 // Null outside tests. Set it before the gateway starts and clear it after
 // it stopped. Only rare paths check it, so the common case pays nothing.
