@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "sluice/common/ascii.hpp"
+#include "sluice/http/http_head.hpp"
 #include "sluice/protocol/anthropic_answer.hpp"
 #include "sluice/protocol/anthropic_request.hpp"
 
@@ -29,32 +30,11 @@ bool replaced_by_translation(std::string_view name) {
          iequals(name, "content-type"sv);
 }
 
-// Appends the client's lines that `dropped_line` keeps, and says whether
-// any were dropped.
-template <typename Predicate>
-bool append_kept_lines(std::string_view lines, std::string& kept, Predicate dropped_line) {
-  bool dropped = false;
-  while (!lines.empty()) {
-    const auto end = lines.find('\n');
-    const auto line = lines.substr(0, end == std::string_view::npos ? lines.size() : end + 1);
-    lines.remove_prefix(line.size());
-    if (dropped_line(line.substr(0, line.find(':')))) {
-      dropped = true;
-    } else {
-      kept.append(line);
-    }
-  }
-  return dropped;
-}
-
 bool has_line(std::string_view lines, std::string_view name) {
-  while (!lines.empty()) {
-    const auto end = lines.find('\n');
-    const auto line = lines.substr(0, end == std::string_view::npos ? lines.size() : end + 1);
-    lines.remove_prefix(line.size());
-    if (iequals(line.substr(0, line.find(':')), name)) return true;
-  }
-  return false;
+  bool found = false;
+  for_each_field_line(lines,
+                      [&](const FieldLine& field) { found = found || iequals(field.name, name); });
+  return found;
 }
 
 class AnthropicAdapter final : public Adapter {
@@ -96,12 +76,15 @@ class AnthropicAdapter final : public Adapter {
 
     // The body and the client's kept lines share the attempt's storage:
     // both are written before either is pointed at.
+    std::string kept;
+    const auto client_lines = lines_without(request.fields[0], kept, replaced_by_translation);
     storage = std::move(translated.value());
     const auto body_size = storage.size();
-    const bool dropped = append_kept_lines(request.fields[0], storage, replaced_by_translation);
+    storage.append(kept);
     const std::string_view stored(storage);
     request.body = {stored.substr(0, body_size)};
-    if (dropped) request.fields[0] = stored.substr(body_size);
+    if (client_lines.size() != request.fields[0].size())
+      request.fields[0] = stored.substr(body_size);
     request.fields[2] = translated_fields_;
     // The Messages API takes no query of OpenAI's (an api-version, say).
     request.target = {request.target[0], "/v1/messages"sv, {}};
@@ -121,7 +104,7 @@ class AnthropicAdapter final : public Adapter {
   // its query (`?beta=true`) and its body go as they are.
   std::optional<ApiError> pass_through(upstream::Request& request, std::string& storage) const {
     const auto client_lines = request.fields[0];
-    if (append_kept_lines(client_lines, storage, is_credential)) request.fields[0] = storage;
+    request.fields[0] = lines_without(client_lines, storage, is_credential);
     request.fields[2] =
         has_line(client_lines, "anthropic-version"sv) ? key_fields_ : versioned_fields_;
     request.target[1] =
