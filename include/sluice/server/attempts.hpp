@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "sluice/common/clock.hpp"
+#include "sluice/common/recycling_allocator.hpp"
 #include "sluice/common/result.hpp"
 #include "sluice/metrics/access_log.hpp"
 #include "sluice/openai/api_error.hpp"
@@ -29,7 +30,7 @@ using StartResult = Result<std::unique_ptr<upstream::Exchange>, upstream::Upstre
 // One upstream attempt: run inline, or in a coroutine of its own when a
 // hedge may race it. The target, fields and body its request points into
 // belong to the caller's ForwardedRequest, the task and the snapshot.
-struct AttemptTask {
+struct AttemptTask : PerThreadRecycled {
   router::Attempt attempt;
   const Snapshot::DeploymentWiring* wiring = nullptr;
   upstream::Request request;

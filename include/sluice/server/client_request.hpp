@@ -126,7 +126,8 @@ class ClientRequest final : public PlainFirstParser<true, ClientRequest> {
   Text withheld_;
   boost::container::small_vector<FieldEntry, 16> fields_;
   // Grows without setting the bytes it adds, which a read then fills.
-  boost::beast::flat_buffer body_;
+  // Recycled per thread: most bodies are small, and every request has one.
+  boost::beast::basic_flat_buffer<RecyclingAllocator<char>> body_;
   boost::beast::http::verb method_ = boost::beast::http::verb::unknown;
   std::size_t method_size_ = 0;
   int content_type_field_ = -1;  // its index in fields_

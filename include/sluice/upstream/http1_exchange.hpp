@@ -5,6 +5,7 @@
 #include <string_view>
 #include <vector>
 
+#include "sluice/common/recycling_allocator.hpp"
 #include "sluice/upstream/connection.hpp"
 #include "sluice/upstream/exchange.hpp"
 #include "sluice/upstream/pool.hpp"
@@ -15,7 +16,7 @@ namespace sluice::upstream {
 // An HTTP/1.1 exchange over one connection of the pool (Http1Client). When it
 // is destroyed the connection goes back to the pool only if the response was
 // read to its end and the upstream keeps it alive; otherwise it is closed.
-class Http1Exchange final : public Exchange {
+class Http1Exchange final : public Exchange, public PerThreadRecycled {
  public:
   Http1Exchange(Pool& pool, Limits limits, AbortHandle& abort_handle);
   ~Http1Exchange() override;
