@@ -52,6 +52,9 @@ std::string_view ClientRequest::value_of(const FieldEntry& entry) const {
 }
 
 std::string_view ClientRequest::operator[](std::string_view name) const {
+  // Most names asked for are absent (x-request-id, expect, traceparent, the
+  // key's other spellings): one bit answers for them instead of a scan.
+  if ((name_marks_ & name_mark(name)) == 0) return {};
   for (const auto& entry : fields_) {
     if (entry.name_size == name.size() && iequals(name_of(entry), name)) return value_of(entry);
   }
@@ -108,6 +111,7 @@ void ClientRequest::forget_head() {
   withheld_.clear();
   fields_.clear();
   content_type_field_ = -1;
+  name_marks_ = 0;
 }
 
 std::size_t ClientRequest::take_plain_body(std::string_view bytes, error_code& ec) {
@@ -179,6 +183,7 @@ void ClientRequest::on_field_impl(http::field name, boost::beast::string_view na
 void ClientRequest::add_field(std::string_view name, std::string_view value, bool withheld) {
   Text& lines = withheld ? withheld_ : forwarded_;
   const std::size_t at = lines.size();
+  name_marks_ |= name_mark(name);
   if (content_type_field_ < 0 && field_name_is(name, "content-type")) {
     content_type_field_ = static_cast<int>(fields_.size());
   }

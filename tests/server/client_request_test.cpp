@@ -118,6 +118,32 @@ TEST(ClientRequest, RepeatedFieldsAreAllKeptAndTheFirstIsLookedUp) {
   }
 }
 
+TEST(ClientRequest, FieldsAreFoundInAnyCaseAndAbsentOnesAreNot) {
+  // Names of one length and first letter share a mark: the lookup must still
+  // tell them apart; and a name with no mark at all is answered empty.
+  const std::string text =
+      "POST /v1/chat/completions HTTP/1.1\r\n"
+      "Host: a\r\n"
+      "X-Request-Id: r-1\r\n"
+      "Authorization: Bearer k\r\n"
+      "Content-Length: 0\r\n"
+      "\r\n";
+  for (Reading reading : kBothReaders) {
+    SCOPED_TRACE(name_of(reading));
+    ClientRequest request(reading);
+    error_code ec;
+    EXPECT_EQ(feed_parser(request, text, ec), text.size());
+    ASSERT_FALSE(ec) << ec.message();
+    EXPECT_EQ(request["x-request-id"], "r-1");
+    EXPECT_EQ(request["X-REQUEST-ID"], "r-1");
+    EXPECT_EQ(request["authorization"], "Bearer k");
+    EXPECT_EQ(request["x-request-ix"], "");  // same length and first letter
+    EXPECT_EQ(request["traceparent"], "");
+    EXPECT_EQ(request["expect"], "");
+    EXPECT_EQ(request[""], "");
+  }
+}
+
 TEST(ClientRequest, TheFirstContentTypeIsNotedAsTheHeadIsRead) {
   const std::string plain =
       "POST /v1/audio/transcriptions HTTP/1.1\r\n"

@@ -131,6 +131,14 @@ class ClientRequest final : public PlainFirstParser<true, ClientRequest> {
   boost::beast::http::verb method_ = boost::beast::http::verb::unknown;
   std::size_t method_size_ = 0;
   int content_type_field_ = -1;  // its index in fields_
+  // One bit per field name's length and first letter, case folded: a name
+  // whose bit is clear is not among the fields.
+  static std::uint64_t name_mark(std::string_view name) {
+    if (name.empty()) return 1;
+    const auto first = static_cast<unsigned char>(name.front()) | 0x20u;
+    return std::uint64_t{1} << ((name.size() * 7 + first) & 63);
+  }
+  std::uint64_t name_marks_ = 0;
   unsigned version_ = 11;
   // Seen by Beast's parser; the plain reader leaves every head with either
   // to it, save a Connection of close or keep-alive alone.
