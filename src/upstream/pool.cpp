@@ -16,6 +16,7 @@ std::unique_ptr<Connection> Pool::take(const std::string& origin_key, TimePoint 
     stack.pop_back();
     counters_.idle.fetch_sub(1, std::memory_order_relaxed);
     if (now - connection->idle_since < options_.idle_expiry && connection->is_open()) {
+      connection->idle_stack = &stack;
       counters_.active.fetch_add(1, std::memory_order_relaxed);
       counters_.reused.fetch_add(1, std::memory_order_relaxed);
       return connection;
@@ -32,7 +33,10 @@ void Pool::give_back(std::unique_ptr<Connection> connection, TimePoint now) noex
     return;
   }
   try {
-    auto& stack = idle_[connection->origin_key()];
+    // The map's nodes stay put, so a stack found once is found for good.
+    auto& stack =
+        connection->idle_stack ? *connection->idle_stack : idle_[connection->origin_key()];
+    connection->idle_stack = &stack;
     if (stack.size() >= options_.max_idle_per_origin) {
       connection->close();
       return;

@@ -6,8 +6,10 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "sluice/common/clock.hpp"
 #include "sluice/http/socket_deadline.hpp"
@@ -80,6 +82,9 @@ class Connection {
 
   TimePoint idle_since{};
   unsigned exchanges = 0;  // completed request/response pairs
+  // The pool's idle stack for this connection's origin, once the pool has
+  // looked it up: giving the connection back then costs no hashing of its key.
+  std::vector<std::unique_ptr<Connection>>* idle_stack = nullptr;
 
  private:
   std::string origin_key_;
