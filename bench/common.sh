@@ -111,3 +111,38 @@ http {
 }
 EOF
 }
+
+# Usage: write_haproxy_conf DIR PORT MOCK_PORT THREADS
+# Writes DIR/haproxy.cfg: HAProxy as the second reference reverse proxy, on
+# 127.0.0.1:PORT in front of the mock on MOCK_PORT, one process of THREADS
+# threads. Server connections kept alive and shared between clients
+# (http-reuse always), as sluice pools its connections; http-no-delay so a
+# streamed event is sent at once rather than held for more data, as sluice
+# and nginx (buffering off) relay them. No maxconn: HAProxy sizes it from
+# the descriptor limit, as many connections as the machine lets it hold.
+write_haproxy_conf() {
+  local dir=$1 port=$2 mock_port=$3 threads=$4
+  cat >"$dir/haproxy.cfg" <<EOF
+global
+  nbthread $threads
+  pidfile $dir/haproxy.pid
+
+defaults
+  mode http
+  option http-keep-alive
+  option http-no-delay
+  http-reuse always
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+  timeout http-keep-alive 60s
+  timeout http-request 10s
+
+frontend bench
+  bind 127.0.0.1:$port
+  default_backend mock
+
+backend mock
+  server mock 127.0.0.1:$mock_port
+EOF
+}
