@@ -1,5 +1,7 @@
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -32,7 +34,11 @@ struct ForwardedRequest {
   // The client asked for the stream's usage chunk: an answer translated from
   // another protocol, which always ends with one, keeps it only then.
   bool client_wants_usage = false;
-  CacheStep* cache_step = nullptr;  // set when the answer may be cached
+  // Estimated input tokens (the same estimate as a key's TPM budget's), for
+  // routing by prompt size.
+  std::uint64_t prompt_tokens = 0;
+  std::optional<std::uint64_t> max_tokens;  // as it goes upstream, if set
+  CacheStep* cache_step = nullptr;          // set when the answer may be cached
 };
 
 // What the forwarded body is made from.
