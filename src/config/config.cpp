@@ -1159,17 +1159,11 @@ void Loader::read_timeouts(const Located& at, Timeouts& timeouts) const {
   if (auto value = map.get("connect")) timeouts.connect = read_positive_duration(*value);
   // `auto` keeps the static default, which serves until there are samples.
   const auto read_or_auto = [&](const Located& value, Duration& duration, bool& automatic) {
-    const std::string text = read_string(value, "a duration or auto");
-    if (text == "auto") {
+    if (value.node.IsScalar() && value.node.Scalar() == "auto") {
       automatic = true;
       return;
     }
-    const auto parsed = parse_duration(text);
-    if (!parsed || parsed->count() == 0) {
-      fail(value, "invalid value '" + text +
-                      "' (expected auto or a duration greater than zero such as 10s)");
-    }
-    duration = *parsed;
+    duration = read_positive_duration(value);
   };
   if (auto value = map.get("ttft")) read_or_auto(*value, timeouts.ttft, timeouts.ttft_auto);
   if (auto value = map.get("idle")) read_or_auto(*value, timeouts.idle, timeouts.idle_auto);

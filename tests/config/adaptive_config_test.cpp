@@ -74,7 +74,7 @@ TEST(AdaptiveConfig, ErrorsNameTheirPath) {
   expect_error(
       "models:\n  - name: m\n    deployments:\n      - base_url: http://127.0.0.1:8000\n"
       "        timeouts: {ttft: automatic}\n",
-      "models[0].deployments[0].timeouts.ttft", 5, "expected auto or a duration");
+      "models[0].deployments[0].timeouts.ttft", 5, "invalid duration 'automatic'");
   expect_error("router:\n  adaptive:\n    ttft: {multiplier: 0.5}\n" + kOneModel,
                "router.adaptive.ttft.multiplier", 3, "at least 1");
   expect_error("router:\n  adaptive:\n    idle: {floor: 5s, ceiling: 2s}\n" + kOneModel,
