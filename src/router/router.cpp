@@ -196,6 +196,14 @@ const config::Deployment* pick_fastest(const Router& router, const Deployments& 
         continue;
       }
     }
+    // Nothing yet of the request's size: like an unsampled deployment, it
+    // goes first, or one that looked slow on other sizes would never get
+    // the chance to show it is fast on this one.
+    if (prompt_class != kNoPromptClass &&
+        state->ttft_by_class[prompt_class].fresh_samples(now, kFreshFor) == 0) {
+      unsampled.push_back(deployment);
+      continue;
+    }
     const auto ttft = prompt_class == kNoPromptClass
                           ? state->ttft.summary(now, kFreshFor)
                           : ttft_summary(*state, prompt_class, now, kFreshFor, kMinClassSamples);

@@ -28,8 +28,10 @@ void forwarded_request(const ForwardingInputs& inputs, ForwardingStorage& storag
   forwarded.query = inputs.query;
   forwarded.cache_step = inputs.cache_step;
   forwarded.client_wants_usage = inspected.include_usage;
-  forwarded.prompt_tokens = resolution.text_bytes / 4;
-  forwarded.max_tokens = resolution.max_tokens;
+  forwarded.prompt_class =
+      static_cast<std::uint8_t>(router::prompt_class_of(resolution.text_bytes / 4));
+  forwarded.max_tokens = static_cast<std::uint32_t>(
+      std::min<std::uint64_t>(resolution.max_tokens.value_or(0), UINT32_MAX));
   if (inspected.form_data) {
     // A form is forwarded as it came but for the model field's value.
     const auto model = *inspected.model_value;
@@ -184,7 +186,7 @@ bool guard_answer(RequestContext& context, const ForwardedRequest& inputs,
   facts.saw_done = outcome.saw_done;
   facts.json_ends_object = outcome.json_ends_object;
   facts.finish_length = outcome.finish_length;
-  facts.max_tokens = inputs.max_tokens;
+  if (inputs.max_tokens > 0) facts.max_tokens = inputs.max_tokens;
   if (outcome.usage) facts.completion_tokens = outcome.usage->completion_tokens;
   facts.streaming_time =
       std::chrono::duration_cast<router::Micros>(finished_at - exchange.timing().first_byte);
@@ -318,9 +320,8 @@ bool needs_usage(const RequestContext& context, const RequestJob& job) {
 
 // The request's prompt-size class, when the router keeps windows by class.
 std::size_t prompt_class_for(const RequestContext& context, const ForwardedRequest& forwarded) {
-  return context.snapshot->config->router.prompt_classes
-             ? router::prompt_class_of(forwarded.prompt_tokens)
-             : router::kNoPromptClass;
+  return context.snapshot->config->router.prompt_classes ? forwarded.prompt_class
+                                                         : router::kNoPromptClass;
 }
 
 // Runs the plan's attempts and relays the winner's answer; without one, the

@@ -387,6 +387,10 @@ TEST(PromptClasses, LatencyIsComparedWithinTheRequestsClass) {
   feed_class(short_fast, 3, 900ms);
   feed_class(long_fast, 0, 80ms);
   feed_class(long_fast, 3, 100ms);
+  // Too few samples of their own in the middle classes: they borrow.
+  for (auto* state : {&short_fast, &long_fast}) {
+    for (std::size_t middle : {1u, 2u}) state->ttft_by_class[middle].add(500ms, kBase);
+  }
 
   RandomBits random(7);
   const auto& group = cfg->models[0];
@@ -396,13 +400,25 @@ TEST(PromptClasses, LatencyIsComparedWithinTheRequestsClass) {
   for (int i = 0; i < 10; ++i) {
     EXPECT_EQ(chosen(0), "short_fast");
     EXPECT_EQ(chosen(3), "long_fast");
-    // 1k-8k has no samples: the class below decides. 8k-32k has none, nor
-    // has the class below it: the class above decides.
+    // 1k-8k has too few samples: the class below decides. 8k-32k has too
+    // few, and so has the class below it: the class above decides.
     EXPECT_EQ(chosen(1), "short_fast");
     EXPECT_EQ(chosen(2), "long_fast");
   }
   // Whole windows: short_fast's P50 mixes both sizes.
   EXPECT_EQ(ttft_summary(short_fast, kNoPromptClass, kBase, 60s, 5).samples, 12u);
+}
+
+TEST(PromptClasses, ADeploymentWithNothingOfTheRequestsSizeGoesFirst) {
+  auto policy = adaptive_policy(20, 10);
+  policy.prompt_classes = true;
+  auto cfg = make_config({two_for_prompt_classes()}, policy);
+  Router router(cfg);
+  // short_fast looked slow on long prompts and has never had a short one.
+  feed_class(*router.state("short_fast"), 3, 900ms);
+  feed_class(*router.state("long_fast"), 0, 100ms);
+  RandomBits random(3);
+  EXPECT_EQ(router.choose(cfg->models[0], true, {}, kBase, random, 0)->id, "short_fast");
 }
 
 TEST(PromptClasses, AdaptiveDeadlineReadsTheClassWindow) {

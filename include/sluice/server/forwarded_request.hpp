@@ -1,7 +1,6 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <string_view>
 
@@ -34,11 +33,14 @@ struct ForwardedRequest {
   // The client asked for the stream's usage chunk: an answer translated from
   // another protocol, which always ends with one, keeps it only then.
   bool client_wants_usage = false;
-  // Estimated input tokens (the same estimate as a key's TPM budget's), for
-  // routing by prompt size.
-  std::uint64_t prompt_tokens = 0;
-  std::optional<std::uint64_t> max_tokens;  // as it goes upstream, if set
-  CacheStep* cache_step = nullptr;          // set when the answer may be cached
+  // The two below lie in what was padding: a request's frame keeps this
+  // struct, and a larger frame would no longer come from the thread's block
+  // cache. The prompt-size class of the estimated input tokens (the same
+  // estimate as a key's TPM budget's); the max_tokens that goes upstream, 0
+  // when none is set (saturated at 2^32 - 1).
+  std::uint8_t prompt_class = 0;
+  std::uint32_t max_tokens = 0;
+  CacheStep* cache_step = nullptr;  // set when the answer may be cached
 };
 
 // What the forwarded body is made from.
