@@ -359,6 +359,8 @@ class Loader {
   void read_server(const Located& at, Server& server) const;
   void read_upstream(const Located& at, Upstream& upstream) const;
   void read_router(const Located& at, Router& router) const;
+  void read_adaptive(const Located& at, Router& router) const;
+  void read_adaptive_deadline(const Located& at, AdaptiveDeadline& deadline) const;
   void read_log(const Located& at, Log& log) const;
   void read_budgets(const Located& at, Budgets& budgets) const;
   void read_auth(const Located& at, Auth& auth);
@@ -487,8 +489,19 @@ void Loader::read_upstream(const Located& at, Upstream& upstream) const {
 }
 
 void Loader::read_router(const Located& at, Router& router) const {
-  MappingReader map(at, {"window", "latency_buffer", "retries", "backoff", "cooldown", "hedge"});
+  MappingReader map(at, {"window", "latency_buffer", "retries", "backoff", "cooldown", "hedge",
+                         "adaptive", "quality", "prompt_classes"});
+  if (auto value = map.get("prompt_classes")) router.prompt_classes = read_bool(*value);
   if (auto value = map.get("window")) router.window = read_uint(*value, 1);
+  if (auto value = map.get("adaptive")) read_adaptive(*value, router);
+  if (auto quality_at = map.get("quality")) {
+    MappingReader quality(*quality_at, {"enabled", "min_tokens_per_second"});
+    router.quality.enabled = true;
+    if (auto value = quality.get("enabled")) router.quality.enabled = read_bool(*value);
+    if (auto value = quality.get("min_tokens_per_second")) {
+      router.quality.min_tokens_per_second = read_non_negative_double(*value);
+    }
+  }
   if (auto value = map.get("latency_buffer")) {
     router.latency_buffer = read_non_negative_double(*value);
   }
@@ -536,6 +549,64 @@ void Loader::read_router(const Located& at, Router& router) const {
         router.hedge.after = *after;
       }
     }
+  }
+}
+
+void Loader::read_adaptive_deadline(const Located& at, AdaptiveDeadline& deadline) const {
+  MappingReader map(at, {"multiplier", "floor", "ceiling"});
+  if (auto value = map.get("multiplier")) {
+    deadline.multiplier = read_non_negative_double(*value);
+    // Below 1 the deadline would cut off answers as slow as the P99 itself.
+    if (deadline.multiplier < 1.0) fail(*value, "must be at least 1");
+  }
+  if (auto value = map.get("floor")) deadline.floor = read_positive_duration(*value);
+  if (auto value = map.get("ceiling")) deadline.ceiling = read_positive_duration(*value);
+  if (deadline.ceiling < deadline.floor) {
+    if (auto value = map.get("ceiling")) {
+      fail(*value,
+           "must not be smaller than floor (" + std::to_string(deadline.floor.count()) + "ms)");
+    }
+    fail(*map.get("floor"), "must not exceed ceiling (" + std::to_string(deadline.ceiling.count()) +
+                                "ms by default); raise ceiling as well");
+  }
+}
+
+void Loader::read_adaptive(const Located& at, Router& router) const {
+  MappingReader map(at, {"ttft", "idle", "min_samples", "concurrency"});
+  if (auto value = map.get("ttft")) read_adaptive_deadline(*value, router.adaptive.ttft);
+  if (auto concurrency_at = map.get("concurrency")) {
+    auto& concurrency = router.adaptive.concurrency;
+    MappingReader reader(*concurrency_at, {"min", "max", "tolerance", "probe_every"});
+    if (auto value = reader.get("min")) concurrency.min = read_uint(*value, 1);
+    if (auto value = reader.get("max")) concurrency.max = read_uint(*value, 1);
+    if (auto value = reader.get("tolerance")) {
+      concurrency.tolerance = read_non_negative_double(*value);
+      // At 1 or below every round past the baseline would cut the limit.
+      if (concurrency.tolerance <= 1.0) fail(*value, "must be greater than 1");
+    }
+    if (auto value = reader.get("probe_every")) {
+      concurrency.probe_every = read_positive_duration(*value);
+    }
+    if (concurrency.max < concurrency.min) {
+      if (auto value = reader.get("max")) {
+        fail(*value, "must not be smaller than min (" + std::to_string(concurrency.min) + ")");
+      }
+      fail(*reader.get("min"), "must not exceed max (" + std::to_string(concurrency.max) +
+                                   " by default); raise max as well");
+    }
+  }
+  if (auto value = map.get("idle")) read_adaptive_deadline(*value, router.adaptive.idle);
+  if (auto value = map.get("min_samples")) {
+    router.adaptive.min_samples = read_uint(*value, 1);
+  }
+  // The windows keep router.window samples: more could never be reached.
+  if (router.adaptive.min_samples > router.window) {
+    const auto value = map.get("min_samples");
+    const std::string message = "must not exceed router.window (" + std::to_string(router.window) +
+                                "), which is all a window keeps";
+    if (value) fail(*value, message);
+    fail(at, "min_samples defaults to 20, more than router.window (" +
+                 std::to_string(router.window) + "); set min_samples or raise window");
   }
 }
 
@@ -1018,7 +1089,13 @@ Deployment Loader::read_deployment(const Located& at, const std::string& model_n
   if (auto value = map.get("tls_verify")) deployment.tls_verify = read_bool(*value);
   if (auto value = map.get("ca_file")) read_ca_file(*value, deployment);
   if (auto value = map.get("weight")) deployment.weight = read_uint(*value, 1);
-  if (auto value = map.get("max_parallel")) deployment.max_parallel = read_uint(*value, 0);
+  if (auto value = map.get("max_parallel")) {
+    if (value->node.IsScalar() && value->node.Scalar() == "auto") {
+      deployment.max_parallel_auto = true;
+    } else {
+      deployment.max_parallel = read_uint(*value, 0);
+    }
+  }
   if (auto value = map.get("rpm")) deployment.rpm = read_uint(*value, 0);
   // More than this per thread is a typo, not a pool.
   if (auto value = map.get("warm_connections")) {
@@ -1080,8 +1157,16 @@ void Loader::read_api_version(const Located& at, const MappingReader& map,
 void Loader::read_timeouts(const Located& at, Timeouts& timeouts) const {
   MappingReader map(at, {"connect", "ttft", "idle", "total"});
   if (auto value = map.get("connect")) timeouts.connect = read_positive_duration(*value);
-  if (auto value = map.get("ttft")) timeouts.ttft = read_positive_duration(*value);
-  if (auto value = map.get("idle")) timeouts.idle = read_positive_duration(*value);
+  // `auto` keeps the static default, which serves until there are samples.
+  const auto read_or_auto = [&](const Located& value, Duration& duration, bool& automatic) {
+    if (value.node.IsScalar() && value.node.Scalar() == "auto") {
+      automatic = true;
+      return;
+    }
+    duration = read_positive_duration(value);
+  };
+  if (auto value = map.get("ttft")) read_or_auto(*value, timeouts.ttft, timeouts.ttft_auto);
+  if (auto value = map.get("idle")) read_or_auto(*value, timeouts.idle, timeouts.idle_auto);
   if (auto value = map.get("total")) timeouts.total = read_positive_duration(*value);
 }
 

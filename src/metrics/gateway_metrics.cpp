@@ -52,7 +52,13 @@ GatewayMetrics::GatewayMetrics(Registry& registry, GatewayMetricsSources sources
           {"model", "key", "kind"})),
       budget_exceeded_(registry.counter("sluice_budget_exceeded_total",
                                         "Requests over a configured latency budget, by stage.",
-                                        {"stage"})) {
+                                        {"stage"})),
+      quality_failures_(registry.counter(
+          "sluice_quality_failures_total",
+          "Answers that came with a success status but count as failures of their deployment "
+          "(router.quality), by deployment and reason (truncated, empty, length_early, stalled, "
+          "slow_tokens).",
+          {"deployment", "reason"})) {
   for (BudgetStage stage : kBudgetStages) {
     budget_exceeded_by_stage_[static_cast<std::size_t>(stage)] =
         budget_exceeded_.with({to_string(stage)});
@@ -97,6 +103,36 @@ GatewayMetrics::GatewayMetrics(Registry& registry, GatewayMetricsSources sources
           out.push_back({{std::move(state.deployment)}, state.cooling_down ? 1.0 : 0.0});
         }
       });
+  registry.gauge_collector(
+      "sluice_deadline_seconds",
+      "The first-byte (ttft) and stall (idle) deadlines a deployment's attempts get now, for "
+      "deployments with an adaptive (auto) deadline.",
+      {"deployment", "kind"},
+      [read = std::move(sources.deployment_deadlines)](std::vector<GaugeSample>& out) {
+        if (!read) return;
+        std::vector<DeploymentDeadlines> deadlines;
+        read(deadlines);
+        for (DeploymentDeadlines& entry : deadlines) {
+          out.push_back({{entry.deployment, "ttft"}, entry.ttft});
+          out.push_back({{std::move(entry.deployment), "idle"}, entry.idle});
+        }
+      });
+  registry.gauge_collector(
+      "sluice_concurrency_limit",
+      "The adaptive cap on a deployment's requests in flight (max_parallel: auto).", {"deployment"},
+      [read = std::move(sources.concurrency_limits)](std::vector<GaugeSample>& out) {
+        if (!read) return;
+        std::vector<DeploymentLimit> limits;
+        read(limits);
+        for (DeploymentLimit& entry : limits) {
+          out.push_back({{std::move(entry.deployment)}, static_cast<double>(entry.limit)});
+        }
+      });
+}
+
+CounterHandle GatewayMetrics::quality_failures(std::string_view deployment,
+                                               std::string_view reason) {
+  return quality_failures_.with({deployment, reason});
 }
 
 CounterHandle GatewayMetrics::requests(std::string_view model, std::string_view deployment,

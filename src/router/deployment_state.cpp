@@ -58,8 +58,8 @@ void LatencyWindow::add(std::chrono::microseconds sample, TimePoint at) {
   slots_[slot].store(encode(sample, at), std::memory_order_relaxed);
 }
 
-LatencyWindow::Summary LatencyWindow::summary(TimePoint now,
-                                              std::chrono::milliseconds max_age) const {
+std::size_t LatencyWindow::collect_fresh(TimePoint now, std::chrono::milliseconds max_age,
+                                         std::uint32_t* out) const {
   const std::int64_t max_age_ticks =
       std::max<std::int64_t>(std::chrono::floor<StampTick>(max_age).count(), 0);
   // Keep the "fresh" and "from the future" ranges apart.
@@ -67,15 +67,21 @@ LatencyWindow::Summary LatencyWindow::summary(TimePoint now,
       max_age_ticks, std::numeric_limits<std::uint32_t>::max() - kFutureSlackTicks - 1));
   const std::uint32_t now_stamp = stamp_of(now);
 
-  std::array<std::uint32_t, kMaxCapacity> fresh;
   std::size_t count = 0;
   for (unsigned i = 0; i < capacity_; ++i) {
     const std::uint64_t word = slots_[i].load(std::memory_order_relaxed);
     if (word == 0) continue;
     const std::uint32_t age = now_stamp - decoded_stamp(word);
     const bool from_future = age > std::numeric_limits<std::uint32_t>::max() - kFutureSlackTicks;
-    if (age <= fresh_limit || from_future) fresh[count++] = decoded_sample_us(word);
+    if (age <= fresh_limit || from_future) out[count++] = decoded_sample_us(word);
   }
+  return count;
+}
+
+LatencyWindow::Summary LatencyWindow::summary(TimePoint now,
+                                              std::chrono::milliseconds max_age) const {
+  std::array<std::uint32_t, kMaxCapacity> fresh;
+  const std::size_t count = collect_fresh(now, max_age, fresh.data());
 
   Summary result;
   result.samples = count;
@@ -93,8 +99,79 @@ LatencyWindow::Summary LatencyWindow::summary(TimePoint now,
   return result;
 }
 
-DeploymentState::DeploymentState(unsigned window, TimePoint epoch)
-    : ttft(window), total(window), epoch_(epoch) {}
+LatencyWindow::Quantile LatencyWindow::quantile(TimePoint now, std::chrono::milliseconds max_age,
+                                                unsigned percent) const {
+  std::array<std::uint32_t, kMaxCapacity> fresh;
+  const std::size_t count = collect_fresh(now, max_age, fresh.data());
+  Quantile result;
+  result.samples = count;
+  if (count == 0) return result;
+  const auto at = fresh.begin() + static_cast<std::ptrdiff_t>(
+                                      nearest_rank_index(count, std::clamp(percent, 1u, 100u)));
+  std::nth_element(fresh.begin(), at, fresh.begin() + static_cast<std::ptrdiff_t>(count));
+  result.value = microseconds(*at);
+  return result;
+}
+
+std::optional<DeadlineCache::Values> DeadlineCache::get(TimePoint now,
+                                                        std::chrono::milliseconds max_age) const {
+  const std::int64_t at = computed_at_.load(std::memory_order_acquire);
+  const std::int64_t t = std::chrono::floor<milliseconds>(now.time_since_epoch()).count();
+  if (at == INT64_MIN || t - at >= max_age.count() || t < at) return std::nullopt;
+  return Values{milliseconds(ttft_ms_.load(std::memory_order_relaxed)),
+                milliseconds(idle_ms_.load(std::memory_order_relaxed))};
+}
+
+void DeadlineCache::put(Values values, TimePoint now) {
+  ttft_ms_.store(values.ttft.count(), std::memory_order_relaxed);
+  idle_ms_.store(values.idle.count(), std::memory_order_relaxed);
+  computed_at_.store(std::chrono::floor<milliseconds>(now.time_since_epoch()).count(),
+                     std::memory_order_release);
+}
+
+std::size_t prompt_class_of(std::uint64_t estimated_prompt_tokens) {
+  if (estimated_prompt_tokens < 1'000) return 0;
+  if (estimated_prompt_tokens < 8'000) return 1;
+  if (estimated_prompt_tokens < 32'000) return 2;
+  return 3;
+}
+
+const LatencyWindow& ttft_window(const DeploymentState& state, std::size_t prompt_class,
+                                 TimePoint now, std::chrono::milliseconds max_age,
+                                 std::size_t min_samples) {
+  if (prompt_class >= kPromptClasses) return state.ttft;
+  const auto enough = [&](std::size_t cls) {
+    return state.ttft_by_class[cls].fresh_samples(now, max_age) >= min_samples;
+  };
+  if (enough(prompt_class)) return state.ttft_by_class[prompt_class];
+  // The nearer size first: the class below, then the one above.
+  if (prompt_class > 0 && enough(prompt_class - 1)) return state.ttft_by_class[prompt_class - 1];
+  if (prompt_class + 1 < kPromptClasses && enough(prompt_class + 1)) {
+    return state.ttft_by_class[prompt_class + 1];
+  }
+  return state.ttft;
+}
+
+LatencyWindow::Summary ttft_summary(const DeploymentState& state, std::size_t prompt_class,
+                                    TimePoint now, std::chrono::milliseconds max_age,
+                                    std::size_t min_samples) {
+  return ttft_window(state, prompt_class, now, max_age, min_samples).summary(now, max_age);
+}
+
+std::size_t LatencyWindow::fresh_samples(TimePoint now, std::chrono::milliseconds max_age) const {
+  std::array<std::uint32_t, kMaxCapacity> fresh;
+  return collect_fresh(now, max_age, fresh.data());
+}
+
+DeploymentState::DeploymentState(unsigned window, TimePoint epoch,
+                                 const config::AdaptiveConcurrency& concurrency_policy)
+    : ttft(window),
+      total(window),
+      gaps(window),
+      ttft_by_class{LatencyWindow(window), LatencyWindow(window), LatencyWindow(window),
+                    LatencyWindow(window)},
+      concurrency(concurrency_policy),
+      epoch_(epoch) {}
 
 std::int64_t DeploymentState::ticks(TimePoint t) const {
   return std::chrono::floor<milliseconds>(t - epoch_).count();

@@ -16,6 +16,9 @@ using Deployments = boost::container::small_vector<const config::Deployment*, 8>
 constexpr std::chrono::milliseconds kFreshFor{60'000};
 // Fewer samples than this make a P95 little more than the maximum.
 constexpr std::size_t kMinSamplesForP95 = 5;
+// A prompt-size class with fewer fresh samples than this borrows a
+// neighbour's window.
+constexpr std::size_t kMinClassSamples = 5;
 
 template <typename List>
 bool contains(const List& list, const config::Deployment* deployment) {
@@ -101,15 +104,21 @@ Router::Router(std::shared_ptr<const config::Config> config, const Router* previ
             state = kept->second;
           }
         }
-        if (!state) state = std::make_shared<DeploymentState>(config_->router.window);
+        if (!state) {
+          state = std::make_shared<DeploymentState>(config_->router.window, Clock::now(),
+                                                    config_->router.adaptive.concurrency);
+        }
       }
       by_deployment_.emplace(&deployment, state.get());
     }
   }
 }
 
-Plan Router::plan(const config::Model& model, bool stream, std::uint64_t seed) const {
-  return Plan(*this, model, stream, seed);
+Plan Router::plan(const config::Model& model, bool stream, std::uint64_t seed,
+                  std::size_t prompt_class) const {
+  return Plan(
+      *this, model, stream, seed,
+      config_->router.prompt_classes ? std::min(prompt_class, kNoPromptClass) : kNoPromptClass);
 }
 
 DeploymentState* Router::state(const std::string& deployment_id) const {
@@ -125,8 +134,10 @@ DeploymentState* Router::state(const config::Deployment& deployment) const {
 
 const config::Deployment* Router::choose(const config::Model& group, bool stream,
                                          std::span<const config::Deployment* const> exclude,
-                                         TimePoint now, RandomBits& random) const {
-  return choose_among(group, stream, exclude, now, random, /*allow_cooling=*/true).deployment;
+                                         TimePoint now, RandomBits& random,
+                                         std::size_t prompt_class) const {
+  return choose_among(group, stream, exclude, now, random, /*allow_cooling=*/true, prompt_class)
+      .deployment;
 }
 
 namespace {
@@ -147,9 +158,8 @@ Usable usable_deployments(const Router& router, const config::Model& group,
     if (contains(exclude, &deployment)) continue;
     DeploymentState* state = router.state(deployment);
     if (state == nullptr) continue;
-    if (deployment.max_parallel != 0 &&
-        state->in_flight() >=
-            static_cast<int>(std::min<unsigned>(deployment.max_parallel, INT32_MAX))) {
+    if (const unsigned cap = state->max_parallel(deployment);
+        cap != 0 && state->in_flight() >= static_cast<int>(std::min<unsigned>(cap, INT32_MAX))) {
       continue;
     }
     if (!state->rpm_available(deployment.rpm, now)) continue;
@@ -172,7 +182,7 @@ Usable usable_deployments(const Router& router, const config::Model& group,
 // `latency_buffer` of it ties with it.
 const config::Deployment* pick_fastest(const Router& router, const Deployments& candidates,
                                        bool stream, TimePoint now, double latency_buffer,
-                                       RandomBits& random) {
+                                       RandomBits& random, std::size_t prompt_class) {
   Deployments unsampled;
   boost::container::small_vector<std::pair<const config::Deployment*, Micros>, 8> measured;
   for (const auto* deployment : candidates) {
@@ -186,7 +196,17 @@ const config::Deployment* pick_fastest(const Router& router, const Deployments& 
         continue;
       }
     }
-    const auto ttft = state->ttft.summary(now, kFreshFor);
+    // Nothing yet of the request's size: like an unsampled deployment, it
+    // goes first, or one that looked slow on other sizes would never get
+    // the chance to show it is fast on this one.
+    if (prompt_class != kNoPromptClass &&
+        state->ttft_by_class[prompt_class].fresh_samples(now, kFreshFor) == 0) {
+      unsampled.push_back(deployment);
+      continue;
+    }
+    const auto ttft = prompt_class == kNoPromptClass
+                          ? state->ttft.summary(now, kFreshFor)
+                          : ttft_summary(*state, prompt_class, now, kFreshFor, kMinClassSamples);
     if (ttft.samples > 0) {
       measured.emplace_back(deployment, ttft.p50);
     } else {
@@ -255,7 +275,8 @@ const config::Deployment* pick_least_busy(const Router& router, const Deployment
 
 Router::Choice Router::choose_among(const config::Model& group, bool stream,
                                     std::span<const config::Deployment* const> exclude,
-                                    TimePoint now, RandomBits& random, bool allow_cooling) const {
+                                    TimePoint now, RandomBits& random, bool allow_cooling,
+                                    std::size_t prompt_class) const {
   const auto usable = usable_deployments(*this, group, exclude, now);
   const auto& candidates = usable.candidates;
   if (candidates.empty()) {
@@ -269,7 +290,8 @@ Router::Choice Router::choose_among(const config::Model& group, bool stream,
 
   switch (group.strategy) {
     case config::Strategy::latency:
-      return {pick_fastest(*this, candidates, stream, now, config_->router.latency_buffer, random)};
+      return {pick_fastest(*this, candidates, stream, now, config_->router.latency_buffer, random,
+                           prompt_class)};
     case config::Strategy::round_robin: {
       auto turn = round_robin_.find(group.name);
       if (turn == round_robin_.end()) return {candidates.front()};
@@ -288,8 +310,13 @@ Router::Choice Router::choose_among(const config::Model& group, bool stream,
 // ---------------------------------------------------------------------------
 // Plan
 
-Plan::Plan(const Router& router, const config::Model& model, bool stream, std::uint64_t seed)
-    : router_(&router), requested_(&model), stream_(stream), random_(seed) {
+Plan::Plan(const Router& router, const config::Model& model, bool stream, std::uint64_t seed,
+           std::size_t prompt_class)
+    : router_(&router),
+      requested_(&model),
+      stream_(stream),
+      prompt_class_(static_cast<std::uint8_t>(std::min(prompt_class, kNoPromptClass))),
+      random_(seed) {
   groups_.push_back(&model);
   resolve_groups(model.fallbacks);
 }
@@ -330,12 +357,12 @@ std::optional<Plan::Taken> Plan::take_in_group(const config::Model& group, Deplo
   // Every pass excludes one more deployment, so this ends.
   for (;;) {
     const auto choice = router_->choose_among(group, stream_, {exclude.data(), exclude.size()}, now,
-                                              random_, allow_cooling);
+                                              random_, allow_cooling, prompt_class_);
     const config::Deployment* deployment = choice.deployment;
     if (deployment == nullptr) return std::nullopt;
     DeploymentState* state = router_->state(*deployment);
 
-    if (!state->try_acquire(deployment->max_parallel)) {
+    if (!state->try_acquire(state->max_parallel(*deployment))) {
       exclude.push_back(deployment);
       continue;
     }
@@ -391,7 +418,10 @@ std::optional<Millis> Plan::hedge_delay(const config::Model& group, DeploymentSt
     case config::Hedge::Mode::fixed:
       return hedge.after;
     case config::Hedge::Mode::p95: {
-      const auto window = state.ttft.summary(now, kFreshFor);
+      const auto window =
+          prompt_class_ == kNoPromptClass
+              ? state.ttft.summary(now, kFreshFor)
+              : ttft_summary(state, prompt_class_, now, kFreshFor, kMinSamplesForP95);
       if (window.samples < kMinSamplesForP95) return std::nullopt;
       // Rounded up so a hedge never starts before the P95 has passed.
       return std::chrono::ceil<Millis>(window.p95);
@@ -437,6 +467,7 @@ std::optional<Attempt> Plan::next(TimePoint now) {
         attempt.wait = std::max(attempt.wait, std::min(*pending_retry_after_, policy.backoff.max));
       }
       attempt.hedge_after = hedge_delay(group, *taken->state, now);
+      attempt.prompt_class = prompt_class_;
 
       pending_retry_after_.reset();
       ++on_deployment;
@@ -475,6 +506,7 @@ std::optional<Attempt> Plan::next_hedge(TimePoint now) {
   attempt.probe = taken->probe;
   attempt.fallback = group_index_ > 0 || switched_to_context_fallbacks_;
   attempt.hedge = true;
+  attempt.prompt_class = prompt_class_;
   return attempt;
 }
 
@@ -485,7 +517,13 @@ void Plan::report(const Attempt& attempt, const AttemptResult& result, TimePoint
       // Settles a probe: the success ends the cooldown it was let through.
       state.record_success(now);
       forget_probe(&state);
-      if (result.ttft) state.ttft.add(*result.ttft, now);
+      if (result.ttft) {
+        add_ttft(state, *result.ttft, now);
+        if (attempt.deployment->max_parallel_auto) {
+          state.concurrency.on_sample(*result.ttft, state.in_flight(), now,
+                                      router_->config().router.adaptive.concurrency);
+        }
+      }
       ended_ = true;
       return;
 
@@ -494,6 +532,7 @@ void Plan::report(const Attempt& attempt, const AttemptResult& result, TimePoint
       forget_slot(&state);
       state.release();
       state.record_failure(router_->config().router.cooldown, now);
+      if (result.censored_ttft) add_ttft(state, *result.censored_ttft, now);
       last_failed_ = attempt.deployment;
       last_failed_timed_out_ = result.timed_out;
       pending_retry_after_ = result.retry_after;
@@ -548,13 +587,18 @@ void Plan::abandon(const Attempt& attempt) {
 }
 
 void Plan::lost_race(const Attempt& attempt, Micros waited, TimePoint now) {
-  if (!attempt.hedge) attempt.state->ttft.add(waited, now);
+  if (!attempt.hedge) add_ttft(*attempt.state, waited, now);
   abandon(attempt);
 }
 
 void Plan::left_by_client(const Attempt& attempt) {
   forget_slot(attempt.state);
   attempt.state->release();
+}
+
+void Plan::add_ttft(DeploymentState& state, Micros ttft, TimePoint now) const {
+  state.ttft.add(ttft, now);
+  if (prompt_class_ != kNoPromptClass) state.ttft_by_class[prompt_class_].add(ttft, now);
 }
 
 bool Plan::can_retry() const {

@@ -2,6 +2,7 @@
 
 #include <openssl/crypto.h>
 
+#include <array>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -12,6 +13,7 @@
 
 #include "sluice/http/network_errors.hpp"
 #include "sluice/openai/api_error.hpp"
+#include "sluice/router/adaptive.hpp"
 #include "sluice/server/gateway.hpp"
 
 namespace sluice::server {
@@ -21,6 +23,49 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using net::as_tuple;
 using net::use_awaitable;
+
+namespace {
+
+// The deadlines an attempt gets now and, for an adaptive one, what they come
+// from.
+nlohmann::json render_deadlines(const config::Deployment& deployment,
+                                const config::Adaptive& adaptive, router::DeploymentState& state,
+                                TimePoint now) {
+  const auto& timeouts = deployment.timeouts;
+  const auto describe = [&](bool automatic, const router::LatencyWindow& window,
+                            std::chrono::milliseconds static_default,
+                            const config::AdaptiveDeadline& policy) {
+    if (!automatic) return nlohmann::json{{"ms", static_default.count()}, {"auto", false}};
+    const auto deadline =
+        router::deadline_from(window, static_default, policy, adaptive.min_samples, now);
+    return nlohmann::json{
+        {"ms", deadline.value.count()},
+        {"auto", true},
+        {"measured", deadline.measured},
+        {"samples", deadline.samples},
+        {"p99_ms", deadline.samples ? nlohmann::json(to_ms(deadline.p99)) : nlohmann::json()}};
+  };
+  return {{"ttft", describe(timeouts.ttft_auto, state.ttft, timeouts.ttft, adaptive.ttft)},
+          {"idle", describe(timeouts.idle_auto, state.gaps, timeouts.idle, adaptive.idle)}};
+}
+
+// Each prompt-size class's own first-byte window (before any fallback).
+nlohmann::json render_prompt_classes(const router::DeploymentState& state, TimePoint now) {
+  constexpr std::array<std::string_view, router::kPromptClasses> kNames = {"<1k", "1k-8k", "8k-32k",
+                                                                           ">=32k"};
+  nlohmann::json classes = nlohmann::json::array();
+  for (std::size_t i = 0; i < router::kPromptClasses; ++i) {
+    const auto ttft = state.ttft_by_class[i].summary(now, std::chrono::minutes(1));
+    classes.push_back(
+        {{"class", kNames[i]},
+         {"ttft_samples", ttft.samples},
+         {"ttft_p50_ms", ttft.samples ? nlohmann::json(to_ms(ttft.p50)) : nlohmann::json()},
+         {"ttft_p95_ms", ttft.samples ? nlohmann::json(to_ms(ttft.p95)) : nlohmann::json()}});
+  }
+  return classes;
+}
+
+}  // namespace
 
 std::string render_routes(Gateway& gateway) {
   auto snapshot = gateway.snapshot();
@@ -47,6 +92,19 @@ std::string render_routes(Gateway& gateway) {
           {"failures_total", state->failures_total()},
           {"cooling_down", state->cooling_down(now)},
       };
+      entry["deadlines"] =
+          render_deadlines(deployment, snapshot->config->router.adaptive, *state, now);
+      if (snapshot->config->router.prompt_classes) {
+        entry["prompt_classes"] = render_prompt_classes(*state, now);
+      }
+      if (deployment.max_parallel_auto) {
+        const auto baseline = state->concurrency.baseline();
+        entry["concurrency"] = {
+            {"limit", state->concurrency.current()},
+            {"baseline_ttft_ms",
+             baseline.count() > 0 ? nlohmann::json(to_ms(baseline)) : nlohmann::json()},
+            {"probing", state->concurrency.probing()}};
+      }
       auto until = state->cooldown_until();
       entry["cooldown_remaining_ms"] =
           until && *until > now ? nlohmann::json(to_ms(*until - now)) : nlohmann::json();

@@ -9,6 +9,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include "sluice/http/http_head.hpp"
+#include "sluice/router/adaptive.hpp"
 #include "sluice/server/internal_errors.hpp"
 
 namespace sluice::server {
@@ -121,6 +122,13 @@ void prepare_attempt(const RequestContext& context, const ForwardedRequest& inpu
                          inputs.body_suffix, inputs.body_addition, inputs.body_closing}};
   task.limits = upstream::Limits{deployment.timeouts.connect, deployment.timeouts.ttft,
                                  deployment.timeouts.idle, now + deployment.timeouts.total, now};
+  if (deployment.timeouts.adaptive()) {
+    const auto deadlines =
+        router::current_deadlines(deployment, context.snapshot->config->router.adaptive,
+                                  *attempt.state, now, attempt.prompt_class);
+    task.limits.ttft = deadlines.ttft;
+    task.limits.idle = deadlines.idle;
+  }
   task.client_dialect = inputs.dialect;
   const auto& adapter = *task.wiring->adapter;
   if (!adapter.passes_through(inputs.dialect)) {
@@ -184,9 +192,14 @@ net::awaitable<void> settle_failure(RequestContext& context, router::Plan& plan,
         {deployment.id, to_string(error.failure), std::nullopt, std::nullopt, std::nullopt, false});
     spdlog::debug("request {}: deployment {} failed: {}", context.request_id, deployment.id,
                   error.describe());
-    plan.report(task.attempt,
-                {router::ResultKind::retriable, error.is_timeout(), std::nullopt, std::nullopt},
-                Clock::now());
+    router::AttemptResult failure{router::ResultKind::retriable, error.is_timeout(), std::nullopt,
+                                  std::nullopt, std::nullopt};
+    // A first byte that never came took at least the deadline: without that
+    // sample the deadline would sink on its own timeouts.
+    if (error.failure == upstream::Failure::first_byte_timeout && deployment.timeouts.ttft_auto) {
+      failure.censored_ttft = task.limits.ttft;
+    }
+    plan.report(task.attempt, failure, Clock::now());
     std::string message = "Upstream deployment " + deployment.id + " failed: " + error.describe();
     failed.gateway_error = error.is_timeout() ? ApiError::upstream_timeout(std::move(message))
                                               : ApiError::upstream_unreachable(std::move(message));
@@ -217,7 +230,8 @@ net::awaitable<void> settle_failure(RequestContext& context, router::Plan& plan,
   failed.retry_after = exchange.retry_after();
   auto ttft = std::chrono::duration_cast<router::Micros>(exchange.timing().first_byte -
                                                          exchange.timing().sent);
-  plan.report(task.attempt, {failed.kind, false, ttft, failed.retry_after}, Clock::now());
+  plan.report(task.attempt, {failed.kind, false, ttft, failed.retry_after, std::nullopt},
+              Clock::now());
   spdlog::debug("request {}: deployment {} answered {}", context.request_id, deployment.id,
                 failed.status);
 }
@@ -314,7 +328,8 @@ std::unique_ptr<AttemptTask> take_winner(router::Plan& plan, AttemptTally& tally
   tally.deployment_id = deployment.id;
   auto ttft = std::chrono::duration_cast<router::Micros>(exchange.timing().first_byte -
                                                          exchange.timing().sent);
-  plan.report(winner->attempt, {router::ResultKind::success, false, ttft, std::nullopt},
+  plan.report(winner->attempt,
+              {router::ResultKind::success, false, ttft, std::nullopt, std::nullopt},
               exchange.timing().first_byte);
   tally.answered = &deployment;
   tally.records.push_back(attempt_record(deployment, exchange, "ok"));

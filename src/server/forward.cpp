@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/metrics/server_timing.hpp"
+#include "sluice/router/quality.hpp"
 #include "sluice/server/attempts.hpp"
 #include "sluice/server/phases.hpp"
 #include "sluice/server/respond.hpp"
@@ -27,6 +28,10 @@ void forwarded_request(const ForwardingInputs& inputs, ForwardingStorage& storag
   forwarded.query = inputs.query;
   forwarded.cache_step = inputs.cache_step;
   forwarded.client_wants_usage = inspected.include_usage;
+  forwarded.prompt_class =
+      static_cast<std::uint8_t>(router::prompt_class_of(resolution.text_bytes / 4));
+  forwarded.max_tokens = static_cast<std::uint32_t>(
+      std::min<std::uint64_t>(resolution.max_tokens.value_or(0), UINT32_MAX));
   if (inspected.form_data) {
     // A form is forwarded as it came but for the model field's value.
     const auto model = *inspected.model_value;
@@ -145,6 +150,75 @@ net::awaitable<stream::RelayOutcome> relay_translated(RequestContext& context, A
                                context.keep_alive, options);
 }
 
+// Feeds the deployment's gap window (`idle: auto`) with the stream's
+// longest gap: a stall deadline must let every healthy stream's longest
+// pause through, not just its typical one. A stream the deadline ended
+// counts as a gap of the deadline, so the deadline cannot sink on its own
+// stalls.
+void record_stream_gaps(const AttemptTask& winner, const stream::RelayOutcome& outcome,
+                        const metrics::GapTracker& gaps, TimePoint now) {
+  auto& window = winner.attempt.state->gaps;
+  if (outcome.upstream_error &&
+      outcome.upstream_error->failure == upstream::Failure::idle_timeout) {
+    window.add(winner.limits.idle, now);
+  } else if (auto longest = gaps.max(); longest && outcome.complete) {
+    window.add(std::chrono::duration_cast<router::Micros>(*longest), now);
+  }
+}
+
+// The quality guard (router.quality): whether the answer, though relayed
+// as it came, counts as a failure of its deployment. Only OpenAI chat and
+// text completions relayed as they came are judged: their end ([DONE], a
+// closed object) and usage have one known shape.
+bool guard_answer(RequestContext& context, const ForwardedRequest& inputs,
+                  const AttemptTask& winner, const stream::RelayOutcome& outcome,
+                  bool passed_through, TimePoint finished_at) {
+  const auto& exchange = *winner.result->value();
+  router::AnswerFacts facts;
+  facts.stream = exchange.is_event_stream();
+  facts.complete = outcome.complete;
+  facts.stalled =
+      outcome.upstream_error && outcome.upstream_error->failure == upstream::Failure::idle_timeout;
+  const bool judged = passed_through && exchange.status() == 200 &&
+                      (inputs.endpoint == "/chat/completions" || inputs.endpoint == "/completions");
+  if (!judged && !facts.stalled) return false;
+  if (!judged) facts.complete = false;  // only the stall is told
+  facts.saw_done = outcome.saw_done;
+  facts.json_ends_object = outcome.json_ends_object;
+  facts.finish_length = outcome.finish_length;
+  if (inputs.max_tokens > 0) facts.max_tokens = inputs.max_tokens;
+  if (outcome.usage) facts.completion_tokens = outcome.usage->completion_tokens;
+  facts.streaming_time =
+      std::chrono::duration_cast<router::Micros>(finished_at - exchange.timing().first_byte);
+  const auto failure = router::judge_answer(facts, context.snapshot->config->router.quality);
+  if (failure == router::QualityFailure::none) return false;
+  const auto reason = router::to_string(failure);
+  context.snapshot->metrics->quality_failures(*winner.attempt.deployment, reason)
+      .add(context.worker.index());
+  context.record.tags.push_back("quality:" + std::string(reason));
+  // A stall already ended the answer as a failure.
+  return failure != router::QualityFailure::stalled;
+}
+
+// Reports the relayed answer's end to the plan: a failure when it broke
+// off, or when the quality guard finds it wanting. (Plain code: its locals
+// stay out of the relay's coroutine frame.)
+void settle_answer(RequestContext& context, const ForwardedRequest& inputs, router::Plan& plan,
+                   const AttemptTask& winner, const stream::RelayOutcome& outcome,
+                   bool passed_through, TimePoint finished_at) {
+  bool ok = outcome.complete;
+  if (winner.attempt.deployment->timeouts.idle_auto && winner.result->value()->is_event_stream()) {
+    record_stream_gaps(winner, outcome, context.gaps, finished_at);
+  }
+  if (context.snapshot->config->router.quality.enabled &&
+      guard_answer(context, inputs, winner, outcome, passed_through, finished_at)) {
+    ok = false;
+  }
+  plan.finish(winner.attempt, ok,
+              std::chrono::duration_cast<router::Micros>(finished_at - winner.limits.started),
+              finished_at);
+}
+
 // Relays the winner's response to the client and settles the attempt.
 net::awaitable<bool> relay_answer(RequestContext& context, const ForwardedRequest& inputs,
                                   router::Plan& plan, AttemptTask& winner,
@@ -171,6 +245,7 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ForwardedReques
   relay_options.strip_usage_only_chunks = inputs.strip_usage_only_chunks;
   relay_options.error_event = protocol::stream_error_event(inputs.dialect);
   relay_options.client_reads_chunks = context.request.version() >= 11;
+  relay_options.inspect_end = context.snapshot->config->router.quality.enabled;
   relay_options.gaps = &context.gaps;
   relay_options.gap_histogram = context.snapshot->metrics->model(*context.model).inter_token_gap;
   relay_options.shard = context.worker.index();
@@ -226,9 +301,7 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ForwardedReques
   if (!outcome.complete && !upstream_broke && (outcome.client_failed || watch.client_gone())) {
     plan.left_by_client(winner.attempt);
   } else {
-    plan.finish(winner.attempt, outcome.complete,
-                std::chrono::duration_cast<router::Micros>(finished_at - winner.limits.started),
-                finished_at);
+    settle_answer(context, inputs, plan, winner, outcome, !translator, finished_at);
   }
   if (outcome.nothing_sent && outcome.upstream_error && !watch.client_gone()) {
     co_return co_await respond_broken_upstream(context, deployment, *outcome.upstream_error);
@@ -238,10 +311,17 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ForwardedReques
 }
 
 // Whether the forwarded stream needs the upstream's usage chunk: for a key
-// with a token budget, and for a cache entry that may be replayed to a
-// client asking for it.
+// with a token budget, for a cache entry that may be replayed to a client
+// asking for it, and for the quality guard (an empty answer).
 bool needs_usage(const RequestContext& context, const RequestJob& job) {
-  return (context.key && context.key->limits.tpm > 0) || job.cache_step.cache != nullptr;
+  return (context.key && context.key->limits.tpm > 0) || job.cache_step.cache != nullptr ||
+         context.snapshot->config->router.quality.enabled;
+}
+
+// The request's prompt-size class, when the router keeps windows by class.
+std::size_t prompt_class_for(const RequestContext& context, const ForwardedRequest& forwarded) {
+  return context.snapshot->config->router.prompt_classes ? forwarded.prompt_class
+                                                         : router::kNoPromptClass;
 }
 
 // Runs the plan's attempts and relays the winner's answer; without one, the
@@ -249,7 +329,8 @@ bool needs_usage(const RequestContext& context, const RequestJob& job) {
 net::awaitable<bool> attempt_and_relay(RequestContext& context, const ForwardedRequest& forwarded) {
   auto& watch = context.watch;
   auto plan =
-      context.snapshot->router->plan(*context.model, context.stream, context.worker.next_random());
+      context.snapshot->router->plan(*context.model, context.stream, context.worker.next_random(),
+                                     prompt_class_for(context, forwarded));
   bool keep = false;
   {
     AttemptTally tally;

@@ -21,6 +21,7 @@
 #include "sluice/common/json_scan.hpp"
 #include "sluice/http/relay_socket.hpp"
 #include "sluice/protocol/adapters.hpp"
+#include "sluice/router/adaptive.hpp"
 #include "sluice/server/admin.hpp"
 #include "sluice/server/internal_errors.hpp"
 #include "sluice/server/model_list.hpp"
@@ -205,6 +206,30 @@ Gateway::Gateway(const config::ConfigPtr& config)
       for (const auto& deployment : model.deployments) {
         auto* state = current->router->state(deployment.id);
         out.push_back({deployment.id, state && state->cooling_down(now)});
+      }
+    }
+  };
+  sources.deployment_deadlines = [this](std::vector<metrics::DeploymentDeadlines>& out) {
+    auto current = snapshot();
+    auto now = Clock::now();
+    for (const auto& model : current->config->models) {
+      for (const auto& deployment : model.deployments) {
+        auto* state = current->router->state(deployment.id);
+        if (!state || !deployment.timeouts.adaptive()) continue;
+        const auto deadlines =
+            router::current_deadlines(deployment, current->config->router.adaptive, *state, now);
+        out.push_back({deployment.id, std::chrono::duration<double>(deadlines.ttft).count(),
+                       std::chrono::duration<double>(deadlines.idle).count()});
+      }
+    }
+  };
+  sources.concurrency_limits = [this](std::vector<metrics::DeploymentLimit>& out) {
+    auto current = snapshot();
+    for (const auto& model : current->config->models) {
+      for (const auto& deployment : model.deployments) {
+        auto* state = current->router->state(deployment.id);
+        if (!state || !deployment.max_parallel_auto) continue;
+        out.push_back({deployment.id, state->concurrency.current()});
       }
     }
   };

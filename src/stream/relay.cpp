@@ -66,6 +66,17 @@ void keep_tail(std::string& tail, std::string_view piece) {
   if (tail.size() > kUsageTailBytes) tail.erase(0, tail.size() - kUsageTailBytes);
 }
 
+bool ends_object(std::string_view body) {
+  const auto last = body.find_last_not_of(" \t\r\n");
+  return last != std::string_view::npos && body[last] == '}';
+}
+
+// An OpenAI answer stopped by its max_tokens says so in its choice.
+bool mentions_finish_length(std::string_view text) {
+  return text.find(R"("finish_reason":"length")") != std::string_view::npos ||
+         text.find(R"("finish_reason": "length")") != std::string_view::npos;
+}
+
 // Writes a chunk's size line into `text`, which outlives the write.
 net::const_buffer chunk_size_line(std::array<char, 20>& text, std::size_t size) {
   auto [end, ec] = std::to_chars(text.data(), text.data() + text.size() - 2, size, 16);
@@ -264,11 +275,21 @@ std::span<const std::string_view> Answer::take_json_pieces(bool read_to_length) 
     // The whole body in one piece (the usual case): its usage is read
     // where it lies, before the next read reuses the buffer.
     outcome.usage = usage_from_json_tail(pieces.front());
+    if (options_.inspect_end) {
+      outcome.json_ends_object = ends_object(pieces.front());
+      outcome.finish_length = mentions_finish_length(pieces.front());
+    }
     json_usage_read_ = true;
   } else {
     for (auto piece : pieces) keep_tail(tail, piece);
   }
-  if (body_ended_ && !json_usage_read_) outcome.usage = usage_from_json_tail(tail);
+  if (body_ended_ && !json_usage_read_) {
+    outcome.usage = usage_from_json_tail(tail);
+    if (options_.inspect_end) {
+      outcome.json_ends_object = ends_object(tail);
+      outcome.finish_length = mentions_finish_length(tail);
+    }
+  }
   return pieces;
 }
 
@@ -286,6 +307,9 @@ std::span<const std::string_view> Answer::take_event_pieces(std::size_t n) {
         options_.gap_histogram.observe(options_.shard, std::chrono::duration<double>(*gap).count());
       }
     }
+    if (options_.inspect_end && !outcome.finish_length) {
+      for (auto piece : pieces) outcome.finish_length |= mentions_finish_length(piece);
+    }
     // The spans of every piece stay valid until this read is written.
     scanner.feed(pieces.front(), spans);
     for (std::size_t i = 1; i < pieces.size(); ++i) scanner.feed_more(pieces[i], spans);
@@ -294,6 +318,7 @@ std::span<const std::string_view> Answer::take_event_pieces(std::size_t n) {
     scanner.finish(spans);
     outcome.usage = scanner.usage();
     outcome.events = scanner.events();
+    outcome.saw_done = scanner.saw_done();
   }
   return spans;
 }

@@ -695,6 +695,9 @@ TEST(GatewayMetricsExposition, EveryFamilyIsPresentAndValid) {
       {"sluice_budget_exceeded_total", "counter"},
       {"sluice_client_disconnects_total", "counter"},
       {"sluice_internal_errors_total", "counter"},
+      {"sluice_quality_failures_total", "counter"},
+      {"sluice_deadline_seconds", "gauge"},
+      {"sluice_concurrency_limit", "gauge"},
   };
   EXPECT_EQ(parsed.families.size(), expected_types.size());
   for (const auto& [name, type] : expected_types) {

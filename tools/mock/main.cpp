@@ -43,6 +43,7 @@ translations, models) whose timing and failures are scripted. It also answers
   --ttft-per-token DUR   extra first-token delay per prompt token (default 0)
   --interval DUR         gap between stream events (default 0)
   --tokens N             tokens per completion (default 8)
+  --slots N              queueing: N answers at once, the rest wait (default 0: no queue)
   --fail MODE            400|401|500|503|429|overloaded|context|stall|stall-mid|reset|
                          reset-mid|garbage|truncate|endless|drip|error-mid (default: none)
   --fail-rate X          probability in [0,1] that --fail applies (default 1)
@@ -187,6 +188,8 @@ Arguments parse_arguments(int argc, char** argv) {
       behaviour.interval = duration_option(option, value());
     } else if (option == "--tokens") {
       behaviour.tokens = count_option(option, value());
+    } else if (option == "--slots") {
+      behaviour.slots = count_option(option, value());
     } else if (option == "--fail") {
       const std::string_view mode = value();
       if (!sluice::mock::is_valid_fail_mode(mode)) {

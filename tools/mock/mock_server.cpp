@@ -56,6 +56,34 @@ constexpr std::size_t kMaxBodyBytes = 64 * 1024 * 1024;
 constexpr std::size_t kMaxHeaderBytes = 64 * 1024;
 constexpr unsigned kMaxDims = 65536;
 constexpr std::uint64_t kContextLimitTokens = 8192;
+// How often a request waiting for a slot (Behaviour::slots) looks again.
+constexpr auto kSlotPoll = std::chrono::milliseconds(1);
+
+// A slot of Behaviour::slots, given back when the answer is done.
+class SlotHold {
+ public:
+  explicit SlotHold(std::atomic<unsigned>& busy) : busy_(busy) {}
+  ~SlotHold() {
+    if (held_) busy_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  SlotHold(const SlotHold&) = delete;
+  SlotHold& operator=(const SlotHold&) = delete;
+  bool try_take(unsigned slots) {
+    unsigned busy = busy_.load(std::memory_order_acquire);
+    while (busy < slots) {
+      if (busy_.compare_exchange_weak(busy, busy + 1, std::memory_order_acq_rel)) {
+        held_ = true;
+        return true;
+      }
+    }
+    return false;
+  }
+
+ private:
+  std::atomic<unsigned>& busy_;
+  bool held_ = false;
+};
+
 // Events a truncated stream sends before it is cut off.
 constexpr std::size_t kTruncateAfterEvents = 3;
 // Content deltas an "error-mid" stream sends before its error event.
@@ -198,6 +226,7 @@ enum class FailMode {
   reset_mid,
   garbage,
   truncate,
+  cut_short,  // a clean end (last chunk, Content-Length met) before the answer's own
   endless,
   drip,
   overloaded,  // 529
@@ -219,6 +248,7 @@ std::optional<FailMode> parse_fail_mode(std::string_view mode) {
       {"reset-mid", FailMode::reset_mid},
       {"garbage", FailMode::garbage},
       {"truncate", FailMode::truncate},
+      {"cut-short", FailMode::cut_short},
       {"endless", FailMode::endless},
       {"drip", FailMode::drip},
       {"overloaded", FailMode::overloaded},
@@ -955,6 +985,7 @@ std::optional<std::string> apply_header_overrides(const http::fields& fields, En
     return invalid("x-mock-interval-ms");
   }
   if (!read_count("x-mock-tokens", behaviour.tokens)) return invalid("x-mock-tokens");
+  if (!read_count("x-mock-slots", behaviour.slots)) return invalid("x-mock-slots");
   if (!read_duration("x-mock-stall-ms", behaviour.stall)) return invalid("x-mock-stall-ms");
   if (!read_count("x-mock-retry-after", behaviour.retry_after_s)) {
     return invalid("x-mock-retry-after");
@@ -1037,6 +1068,10 @@ std::optional<std::string> apply_behaviour_json(const Json& document, Behaviour&
       auto v = count();
       ok = v.has_value();
       if (ok) behaviour.tokens = *v;
+    } else if (key == "slots") {
+      auto v = count();
+      ok = v.has_value();
+      if (ok) behaviour.slots = *v;
     } else if (key == "retry_after") {
       auto v = count();
       ok = v.has_value();
@@ -1087,6 +1122,7 @@ Json behaviour_json(const Behaviour& behaviour) {
       {"ttft_per_token_us", behaviour.ttft_per_prompt_token.count()},
       {"interval_ms", behaviour.interval.count()},
       {"tokens", behaviour.tokens},
+      {"slots", behaviour.slots},
       {"fail", behaviour.fail},
       {"stall_ms", behaviour.stall.count()},
       {"fail_rate", behaviour.fail_rate},
@@ -1165,6 +1201,8 @@ struct SharedState {
   std::atomic<std::uint64_t> streams_completed{0};
   std::atomic<std::uint64_t> streams_cancelled{0};
   std::atomic<std::uint64_t> next_serial{1};
+  // Requests being served now, for Behaviour::slots.
+  std::atomic<unsigned> busy_slots{0};
 
   mutable std::mutex behaviour_mutex;
   Behaviour behaviour;
@@ -1820,6 +1858,14 @@ class Connection final : public ConnectionHandle,
       const bool still_open = co_await pause(plan.behaviour.stall);
       if (!still_open) co_return Next::close;
     }
+    // Queueing: the request waits for a free slot, and holds it until its
+    // answer is sent (or its connection is gone).
+    SlotHold slot(state_.busy_slots);
+    if (plan.behaviour.slots > 0) {
+      while (!slot.try_take(plan.behaviour.slots)) {
+        if (!co_await pause(kSlotPoll)) co_return Next::close;
+      }
+    }
     if (plan.stream) {
       const Next next = co_await respond_stream(plan, keep_alive);
       co_return next;
@@ -1833,7 +1879,9 @@ class Connection final : public ConnectionHandle,
     bool open = co_await pause(plan.ttft);
     if (!open) co_return Next::close;
 
-    const std::string body = complete_body(plan);
+    std::string body = complete_body(plan);
+    // Half the answer, framed as if it were all of it.
+    if (plan.fail == FailMode::cut_short) body.resize(body.size() / 2);
     out_.clear();
     append_head(out_, 200, content_type_of(plan.endpoint), body.size(), keep_alive);
     const std::size_t head_size = out_.size();
@@ -1882,10 +1930,13 @@ class Connection final : public ConnectionHandle,
     const std::size_t total = script.size();
     std::size_t events_to_send = total;
     if (fail == FailMode::reset_mid) events_to_send = std::max<std::size_t>(1, total / 2);
-    if (fail == FailMode::truncate) {
+    const bool cut_short = fail == FailMode::cut_short;
+    if (fail == FailMode::truncate || cut_short) {
       events_to_send = std::max<std::size_t>(1, std::min(kTruncateAfterEvents, total - 1));
     }
-    const bool finishes = !endless && events_to_send == total;
+    // A stream cut short ends cleanly, only too soon: no finish_reason, no
+    // usage, no [DONE].
+    const bool finishes = !endless && (events_to_send == total || cut_short);
 
     bool open = co_await pause(plan.ttft);
     if (!open) co_return Next::close;
@@ -1897,7 +1948,7 @@ class Connection final : public ConnectionHandle,
     script.append_event(0, event_);
     if (plan.behaviour.stamp) stamp_event(event_);
     append_chunk(out_, event_);
-    const bool first_is_last = finishes && total == 1;
+    const bool first_is_last = finishes && events_to_send == 1;
     if (first_is_last) out_ += kLastChunk;
     open = co_await send_stream_bytes(first_is_last, byte_gap, dripping);
     if (open && fail == FailMode::stall_mid) open = co_await pause(plan.behaviour.stall);
@@ -1918,7 +1969,7 @@ class Connection final : public ConnectionHandle,
       if (plan.behaviour.stamp) stamp_event(event_);
       out_.clear();
       append_chunk(out_, event_);
-      const bool last = finishes && index + 1 == total;
+      const bool last = finishes && index + 1 == events_to_send;
       if (last) out_ += kLastChunk;
       open = co_await send_stream_bytes(last, byte_gap, dripping);
       if (!open) co_return Next::close;

@@ -30,8 +30,16 @@ struct Behaviour {
   std::chrono::milliseconds interval{0};
   // x-mock-tokens: content tokens in the completion.
   unsigned tokens = 8;
+  // x-mock-slots: queueing mode when not 0: this many requests are served at
+  // once, across all connections, and the rest wait in turn (polled every
+  // millisecond), so TTFT = ttft + the wait for a slot. A slot is held from
+  // the start of the answer to its end.
+  unsigned slots = 0;
   // x-mock-fail: "" | 400 | 401 | 500 | 503 | 429 | overloaded | context | stall |
-  // stall-mid | reset | reset-mid | garbage | truncate | endless | drip | error-mid.
+  // stall-mid | reset | reset-mid | garbage | truncate | cut-short | endless | drip |
+  // error-mid. "cut-short" ends the answer cleanly but early: a stream after a
+  // few events, with no finish_reason, usage or [DONE]; a JSON body at half
+  // its length, with a Content-Length to match.
   // On /v1/messages the error statuses carry Anthropic's error shape;
   // "overloaded" is a 529; "error-mid" ends a stream with an error event after
   // a few deltas (a non-streamed request is answered normally).

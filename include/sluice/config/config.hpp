@@ -36,6 +36,12 @@ struct Timeouts {
   Duration ttft{10000};  // request sent -> first response byte
   Duration idle{30000};  // gap between two body reads
   Duration total{600000};
+  // `auto`: the deadline follows the deployment's measured latency
+  // (router.adaptive); ttft and idle above stay the key's static default,
+  // which applies until there are enough samples.
+  bool ttft_auto = false;
+  bool idle_auto = false;
+  bool adaptive() const { return ttft_auto || idle_auto; }
 };
 
 struct Deployment {
@@ -49,7 +55,9 @@ struct Deployment {
   std::string ca_file;  // extra trust anchors (PEM); "" = system store only
   unsigned weight = 1;
   unsigned max_parallel = 0;  // 0 = unlimited
-  unsigned rpm = 0;           // 0 = unlimited
+  // `max_parallel: auto`: the cap follows router.adaptive.concurrency.
+  bool max_parallel_auto = false;
+  unsigned rpm = 0;  // 0 = unlimited
   // Idle connections each event-loop thread keeps open to this deployment,
   // so a first request pays no TCP/TLS handshake; 0 = none.
   unsigned warm_connections = 1;
@@ -183,6 +191,35 @@ struct Hedge {
   Duration after{0};  // only for Mode::fixed
 };
 
+// clamp(multiplier x P99 of the recent samples, floor, ceiling).
+struct AdaptiveDeadline {
+  double multiplier;
+  Duration floor;
+  Duration ceiling;
+};
+
+// `max_parallel: auto`: a gradient limit on TTFT.
+struct AdaptiveConcurrency {
+  unsigned min = 1;
+  unsigned max = 512;
+  double tolerance = 1.5;       // TTFT past tolerance x baseline cuts the limit
+  Duration probe_every{60000};  // how often the baseline is measured again
+};
+
+struct Adaptive {
+  AdaptiveDeadline ttft{2.0, Duration{500}, Duration{60000}};
+  AdaptiveDeadline idle{3.0, Duration{1000}, Duration{120000}};
+  unsigned min_samples = 20;  // below this the key's static default applies
+  AdaptiveConcurrency concurrency;
+};
+
+// Answers that count as failures of their deployment though they came with
+// a 2xx: off unless `router.quality` turns it on.
+struct Quality {
+  bool enabled = false;
+  double min_tokens_per_second = 0;  // slow_tokens; 0 = not checked
+};
+
 struct Router {
   unsigned window = 20;
   double latency_buffer = 0.10;
@@ -190,6 +227,12 @@ struct Router {
   Backoff backoff;
   Cooldown cooldown;
   Hedge hedge;
+  Adaptive adaptive;
+  Quality quality;
+  // TTFT windows per prompt-size class (estimated input tokens < 1k, 1k-8k,
+  // 8k-32k, >= 32k): latency routing, `ttft: auto` and `hedge.after: p95`
+  // compare requests of like size.
+  bool prompt_classes = false;
 };
 
 struct Log {

@@ -24,6 +24,18 @@ struct DeploymentCooldown {
   bool cooling_down = false;
 };
 
+// The deadlines a deployment's attempts get now, in seconds.
+struct DeploymentDeadlines {
+  std::string deployment;
+  double ttft = 0;
+  double idle = 0;
+};
+
+struct DeploymentLimit {
+  std::string deployment;
+  unsigned limit = 0;
+};
+
 // What the scrape reads from the live gateway, on the scraping thread. An
 // empty function reports no series.
 struct GatewayMetricsSources {
@@ -31,6 +43,10 @@ struct GatewayMetricsSources {
   std::function<UpstreamConnectionCounts()> upstream_connections;
   // One entry per deployment of the current config.
   std::function<void(std::vector<DeploymentCooldown>& out)> deployment_cooldowns;
+  // Deployments with an adaptive (`auto`) deadline only.
+  std::function<void(std::vector<DeploymentDeadlines>& out)> deployment_deadlines;
+  // Deployments with `max_parallel: auto` only.
+  std::function<void(std::vector<DeploymentLimit>& out)> concurrency_limits;
 };
 
 // Series labelled by a public model name.
@@ -76,6 +92,10 @@ class GatewayMetrics {
   DeploymentMetrics deployment(std::string_view owner_model, std::string_view deployment);
   TokenMetrics tokens(std::string_view model, std::string_view key_name);
 
+  // sluice_quality_failures_total; resolved under the family's lock, which
+  // only an answer the quality guard failed pays.
+  CounterHandle quality_failures(std::string_view deployment, std::string_view reason);
+
   // Counts each stage in `overruns` once (sluice_budget_exceeded_total).
   void count_budget_overruns(unsigned shard, BudgetOverruns overruns) const;
 
@@ -99,6 +119,7 @@ class GatewayMetrics {
   CounterFamily& cache_lookups_;
   CounterFamily& tokens_;
   CounterFamily& budget_exceeded_;
+  CounterFamily& quality_failures_;
   std::array<CounterHandle, kBudgetStages.size()> budget_exceeded_by_stage_;
 };
 
@@ -208,6 +229,9 @@ class SnapshotMetrics {
   // sluice_tokens_total for a client key of this snapshot's config
   // (nullptr when authentication is off: labelled "").
   TokenMetrics tokens(unsigned shard, const config::Model& model, const config::ApiKey* key);
+  CounterHandle quality_failures(const config::Deployment& deployment, std::string_view reason) {
+    return metrics_.quality_failures(deployment.id, reason);
+  }
 
  private:
   // Position of `model` in config.models; npos when it belongs to another config.

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -10,6 +11,7 @@
 
 #include "sluice/common/clock.hpp"
 #include "sluice/config/config.hpp"
+#include "sluice/router/concurrency_limit.hpp"
 
 namespace sluice::router {
 
@@ -38,21 +40,75 @@ class LatencyWindow {
   };
   // Percentiles over the samples taken within `max_age` before `now`.
   Summary summary(TimePoint now, std::chrono::milliseconds max_age) const;
+  // How many samples summary() would use.
+  std::size_t fresh_samples(TimePoint now, std::chrono::milliseconds max_age) const;
+
+  struct Quantile {
+    std::size_t samples = 0;  // fresh samples only
+    std::chrono::microseconds value{0};
+  };
+  // One nearest-rank percentile (1..100) over the same fresh samples.
+  Quantile quantile(TimePoint now, std::chrono::milliseconds max_age, unsigned percent) const;
   unsigned capacity() const { return capacity_; }
 
  private:
   unsigned capacity_;
+  // The fresh samples, in microseconds, into `out`; returns how many.
+  std::size_t collect_fresh(TimePoint now, std::chrono::milliseconds max_age,
+                            std::uint32_t* out) const;
+
   std::unique_ptr<std::atomic<std::uint64_t>[]> slots_;
   std::atomic<std::uint64_t> next_{0};
 };
 
+// Deadlines computed from the windows, kept for a short while so that a
+// request reads two atomics instead of sorting a window. A reader may get
+// values up to one refresh old; two threads refreshing at once both store
+// correct values.
+class DeadlineCache {
+ public:
+  struct Values {
+    std::chrono::milliseconds ttft;
+    std::chrono::milliseconds idle;
+  };
+  // The cached values if they were computed within `max_age` before `now`.
+  std::optional<Values> get(TimePoint now, std::chrono::milliseconds max_age) const;
+  void put(Values values, TimePoint now);
+
+ private:
+  std::atomic<std::int64_t> computed_at_{INT64_MIN};  // steady clock, ms
+  std::atomic<std::int64_t> ttft_ms_{0};
+  std::atomic<std::int64_t> idle_ms_{0};
+};
+
+// Prompt-size classes by estimated input tokens: < 1k, 1k-8k, 8k-32k, >= 32k.
+inline constexpr std::size_t kPromptClasses = 4;
+std::size_t prompt_class_of(std::uint64_t estimated_prompt_tokens);
+
 // Live state of one deployment, shared by every thread and every request.
 class DeploymentState {
  public:
-  DeploymentState(unsigned window, TimePoint epoch = Clock::now());
+  DeploymentState(unsigned window, TimePoint epoch = Clock::now(),
+                  const config::AdaptiveConcurrency& concurrency = {});
 
   LatencyWindow ttft;   // first byte, streams and non-streams alike
   LatencyWindow total;  // whole response, non-streaming requests only
+  // The longest gap between reads of each stream; fed only for deployments
+  // with `idle: auto`.
+  LatencyWindow gaps;
+  DeadlineCache deadlines;
+  // With router.prompt_classes: first-byte times by prompt-size class (each
+  // also goes to `ttft`, the whole window), and a deadline cache for each.
+  std::array<LatencyWindow, kPromptClasses> ttft_by_class;
+  std::array<DeadlineCache, kPromptClasses> class_deadlines;
+  // With `max_parallel: auto`.
+  ConcurrencyLimit concurrency;
+
+  // The cap on requests in flight: the fixed max_parallel (0 = none) or the
+  // adaptive limit.
+  unsigned max_parallel(const config::Deployment& deployment) const {
+    return deployment.max_parallel_auto ? concurrency.current() : deployment.max_parallel;
+  }
 
   // In-flight accounting against max_parallel (0 = unlimited).
   bool try_acquire(unsigned max_parallel);
@@ -115,5 +171,20 @@ class DeploymentState {
   std::atomic<unsigned> minute_attempts_{0};
   std::atomic<unsigned> minute_failures_{0};
 };
+
+// A request of no prompt-size class (router.prompt_classes off).
+inline constexpr std::size_t kNoPromptClass = kPromptClasses;
+
+// The first-byte summary a request of `prompt_class` is routed by: its
+// class's window when that has `min_samples` fresh samples, else a
+// neighbouring class's, else the deployment's whole window.
+LatencyWindow::Summary ttft_summary(const DeploymentState& state, std::size_t prompt_class,
+                                    TimePoint now, std::chrono::milliseconds max_age,
+                                    std::size_t min_samples);
+// The window a request of `prompt_class` reads its P99 from, by the same
+// fallback (for `ttft: auto`).
+const LatencyWindow& ttft_window(const DeploymentState& state, std::size_t prompt_class,
+                                 TimePoint now, std::chrono::milliseconds max_age,
+                                 std::size_t min_samples);
 
 }  // namespace sluice::router

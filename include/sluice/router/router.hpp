@@ -34,10 +34,12 @@ struct Attempt {
   const config::Model* model = nullptr;  // the group the deployment belongs to
   const config::Deployment* deployment = nullptr;
   DeploymentState* state = nullptr;
-  Millis wait{0};                     // sleep this long before sending (backoff, Retry-After)
-  bool fallback = false;              // model is a fallback of the requested one
-  bool hedge = false;                 // started by next_hedge
-  bool probe = false;                 // the one request let through after a cooldown ran out
+  Millis wait{0};         // sleep this long before sending (backoff, Retry-After)
+  bool fallback = false;  // model is a fallback of the requested one
+  bool hedge = false;     // started by next_hedge
+  bool probe = false;     // the one request let through after a cooldown ran out
+  // The plan's (kNoPromptClass: none); one byte, in what was padding.
+  std::uint8_t prompt_class = kNoPromptClass;
   std::optional<Millis> hedge_after;  // start a hedge if no first byte by then
 };
 
@@ -53,6 +55,9 @@ struct AttemptResult {
   bool timed_out = false;             // a timeout before the first byte
   std::optional<Micros> ttft;         // request sent -> first response byte, when it arrived
   std::optional<Millis> retry_after;  // from the upstream's Retry-After
+  // A first-byte timeout under an adaptive deadline: the TTFT window takes
+  // the deadline as a lower bound of the time the answer would have taken.
+  std::optional<Micros> censored_ttft;
 };
 
 // Maps an upstream status (and the start of its error body) to a result kind.
@@ -104,10 +109,15 @@ class Plan {
   // Whether next() could still return an attempt after a retriable failure.
   bool can_retry() const;
   unsigned attempts_made() const { return attempts_made_; }
+  std::size_t prompt_class() const { return prompt_class_; }
 
  private:
   friend class Router;
-  Plan(const Router& router, const config::Model& model, bool stream, std::uint64_t seed);
+
+  Plan(const Router& router, const config::Model& model, bool stream, std::uint64_t seed,
+       std::size_t prompt_class);
+  // Feeds a first-byte time to the deployment's windows.
+  void add_ttft(DeploymentState& state, Micros ttft, TimePoint now) const;
 
   struct Taken {
     const config::Deployment* deployment;
@@ -131,6 +141,7 @@ class Plan {
   const Router* router_;
   const config::Model* requested_;
   bool stream_;
+  std::uint8_t prompt_class_;  // kNoPromptClass when off; in what was padding
   RandomBits random_;
   // Groups in the order they are tried: the requested model, then its
   // fallbacks (or context-window fallbacks once one is needed).
@@ -162,7 +173,10 @@ class Router {
  public:
   explicit Router(std::shared_ptr<const config::Config> config, const Router* previous = nullptr);
 
-  Plan plan(const config::Model& model, bool stream, std::uint64_t seed) const;
+  // `prompt_class`: of the request's estimated input tokens
+  // (prompt_class_of), or kNoPromptClass.
+  Plan plan(const config::Model& model, bool stream, std::uint64_t seed,
+            std::size_t prompt_class = kNoPromptClass) const;
 
   DeploymentState* state(const std::string& deployment_id) const;
   // The same, without hashing the id when the deployment is of this
@@ -174,7 +188,8 @@ class Router {
   // Exposed for tests; `exclude` are skipped.
   const config::Deployment* choose(const config::Model& group, bool stream,
                                    std::span<const config::Deployment* const> exclude,
-                                   TimePoint now, RandomBits& random) const;
+                                   TimePoint now, RandomBits& random,
+                                   std::size_t prompt_class = kNoPromptClass) const;
 
  private:
   friend class Plan;
@@ -186,7 +201,7 @@ class Router {
   };
   Choice choose_among(const config::Model& group, bool stream,
                       std::span<const config::Deployment* const> exclude, TimePoint now,
-                      RandomBits& random, bool allow_cooling) const;
+                      RandomBits& random, bool allow_cooling, std::size_t prompt_class) const;
 
   std::shared_ptr<const config::Config> config_;
   std::unordered_map<std::string, std::shared_ptr<DeploymentState>> states_;

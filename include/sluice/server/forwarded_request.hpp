@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -32,6 +33,13 @@ struct ForwardedRequest {
   // The client asked for the stream's usage chunk: an answer translated from
   // another protocol, which always ends with one, keeps it only then.
   bool client_wants_usage = false;
+  // The two below lie in what was padding: a request's frame keeps this
+  // struct, and a larger frame would no longer come from the thread's block
+  // cache. The prompt-size class of the estimated input tokens (the same
+  // estimate as a key's TPM budget's); the max_tokens that goes upstream, 0
+  // when none is set (saturated at 2^32 - 1).
+  std::uint8_t prompt_class = 0;
+  std::uint32_t max_tokens = 0;
   CacheStep* cache_step = nullptr;  // set when the answer may be cached
 };
 

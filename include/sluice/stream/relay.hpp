@@ -35,6 +35,11 @@ struct RelayOutcome {
   // `usage` object of a JSON body).
   std::optional<Usage> usage;
   std::size_t events = 0;  // SSE events relayed
+  bool saw_done = false;   // a stream's `data: [DONE]` went by
+  // Read only with RelayOptions::inspect_end: a JSON body's last non-blank
+  // byte closes an object; a `"finish_reason":"length"` went by.
+  bool json_ends_object = true;
+  bool finish_length = false;
   // The body outgrew RelayOptions::capture_limit; the capture was dropped.
   bool capture_overflowed = false;
   // The answer's end is the connection's: the client must not be kept.
@@ -49,6 +54,9 @@ struct RelayOptions {
   // False for an HTTP/1.0 client, which knows no chunked encoding: a body
   // of unknown length is sent as it is, and the connection's close ends it.
   bool client_reads_chunks = true;
+  // Tell whether a JSON body ends its object and whether the answer was
+  // stopped by its length (the quality guard's tests).
+  bool inspect_end = false;
   // Where gaps between streamed reads go (both optional: a default handle
   // records nothing).
   metrics::GapTracker* gaps = nullptr;
