@@ -85,6 +85,7 @@ Nanos Gcra::reset_after(TimePoint now) const {
 TokenBucket::TokenBucket(std::uint64_t per_minute) : limit_(per_minute) {}
 
 std::int64_t TokenBucket::cost_ns(std::uint64_t tokens) const {
+  if (limit_ == 0) return 0;  // unlimited: nothing is ever owed
   // Rounded up so that no request is ever free; 128 bits because a token
   // count times a minute in nanoseconds overflows 64.
   unsigned __int128 product = static_cast<unsigned __int128>(tokens) * kMinuteNs;

@@ -31,6 +31,8 @@ struct GatewayMetricsSources {
   std::function<UpstreamConnectionCounts()> upstream_connections;
   // One entry per deployment of the current config.
   std::function<void(std::vector<DeploymentCooldown>& out)> deployment_cooldowns;
+  // Whether the shared state backend answers; empty with the local one.
+  std::function<bool()> state_backend_up;
 };
 
 // Series labelled by a public model name.
