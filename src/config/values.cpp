@@ -302,8 +302,7 @@ bool parse_redis_url(const std::string& text, RedisState& into, std::string& why
       if (!parse_database(parameter.substr(3), parsed.database, why)) return false;
     }
   } else if (scheme == "redis" || scheme == "rediss") {
-    parsed.transport =
-        scheme == "rediss" ? RedisState::Transport::tls : RedisState::Transport::tcp;
+    parsed.transport = scheme == "rediss" ? RedisState::Transport::tls : RedisState::Transport::tcp;
     if (rest.find_first_of("?#") != std::string_view::npos) {
       why = "a query string or fragment is not allowed";
       return false;
@@ -349,13 +348,13 @@ bool parse_redis_url(const std::string& text, RedisState& into, std::string& why
     return false;
   }
   // Kept without its credentials: the URL shows up in logs and messages.
-  parsed.url = scheme + "://" +
-               (parsed.transport == RedisState::Transport::unix_socket
-                    ? parsed.socket_path
-                    : (parsed.host.find(':') != std::string::npos ? "[" + parsed.host + "]"
-                                                                  : parsed.host) +
-                          ":" + std::to_string(parsed.port)) +
-               (parsed.database != 0 ? "/" + std::to_string(parsed.database) : "");
+  parsed.url =
+      scheme + "://" +
+      (parsed.transport == RedisState::Transport::unix_socket
+           ? parsed.socket_path
+           : (parsed.host.find(':') != std::string::npos ? "[" + parsed.host + "]" : parsed.host) +
+                 ":" + std::to_string(parsed.port)) +
+      (parsed.database != 0 ? "/" + std::to_string(parsed.database) : "");
   into = std::move(parsed);
   return true;
 }

@@ -89,8 +89,8 @@ GatewayMetrics::GatewayMetrics(Registry& registry, GatewayMetricsSources sources
   if (sources.state_backend_up) {
     registry.gauge_collector(
         "sluice_state_backend_up",
-        "1 while every worker's connection to the shared state backend (Redis) is up, else 0.",
-        {}, [read = std::move(sources.state_backend_up)](std::vector<GaugeSample>& out) {
+        "1 while every worker's connection to the shared state backend (Redis) is up, else 0.", {},
+        [read = std::move(sources.state_backend_up)](std::vector<GaugeSample>& out) {
           out.push_back({{}, read() ? 1.0 : 0.0});
         });
   }

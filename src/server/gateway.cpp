@@ -75,8 +75,8 @@ Worker::Worker(Gateway& gateway, unsigned index)
       random_(std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32)) {
   take_snapshot(gateway.snapshot());
   if (auto* status = gateway.state_status()) {
-    shared_state_ = std::make_unique<WorkerState>(context_, snapshot_->config->state, *status,
-                                                  next_random());
+    shared_state_ =
+        std::make_unique<WorkerState>(context_, snapshot_->config->state, *status, next_random());
   }
 }
 
@@ -416,9 +416,10 @@ void Gateway::start() {
     // Said once at start, either way: the gateway runs on local state until
     // Redis answers, and a wrong password is worth knowing before traffic.
     if (auto failure = state::RedisClient::probe(redis)) {
-      spdlog::error("state: Redis at {} did not accept the connection: {}; limits, cooldowns and "
-                    "the cache stay per instance until it does",
-                    redis.url, *failure);
+      spdlog::error(
+          "state: Redis at {} did not accept the connection: {}; limits, cooldowns and "
+          "the cache stay per instance until it does",
+          redis.url, *failure);
     } else {
       spdlog::info("state: Redis at {} answered; limits are shared through it", redis.url);
     }

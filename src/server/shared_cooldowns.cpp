@@ -73,8 +73,8 @@ net::awaitable<void> share_cooldowns(Worker& worker) {
         entry.known_until.reset();
       } else if (until && *until > now && until != entry.known_until) {
         // A new cooldown of this instance's own (a probe that failed too).
-        auto ms = std::to_string(
-            std::chrono::ceil<std::chrono::milliseconds>(*until - now).count());
+        auto ms =
+            std::to_string(std::chrono::ceil<std::chrono::milliseconds>(*until - now).count());
         std::array<std::string_view, 2> args{"set", ms};
         shared.redis().send_eval(state::cooldown_script(), key, args);
         entry.probing = false;

@@ -33,9 +33,9 @@ void WorkerState::stop() {
 
 std::string WorkerState::next_lease_id() {
   char text[40];
-  int length = std::snprintf(text, sizeof text, "%016llx.%llx",
-                             static_cast<unsigned long long>(instance_),
-                             static_cast<unsigned long long>(++next_lease_));
+  int length =
+      std::snprintf(text, sizeof text, "%016llx.%llx", static_cast<unsigned long long>(instance_),
+                    static_cast<unsigned long long>(++next_lease_));
   return std::string(text, static_cast<std::size_t>(length));
 }
 

@@ -151,9 +151,10 @@ void BackendStatus::attempt_failed(const std::string& why) {
     last_error_ = why;
   }
   if (!reported_down_.exchange(true, std::memory_order_relaxed)) {
-    spdlog::warn("state: Redis at {} is unavailable ({}); each instance uses its own state until "
-                 "it answers again",
-                 url_, why);
+    spdlog::warn(
+        "state: Redis at {} is unavailable ({}); each instance uses its own state until "
+        "it answers again",
+        url_, why);
   }
 }
 
@@ -229,8 +230,8 @@ net::awaitable<void> RedisClient::run() {
     if (stopped_) break;
     // Exponential backoff with jitter, so that every worker of every
     // instance does not knock on a restarted Redis in the same millisecond.
-    auto ceiling = std::min<std::chrono::milliseconds>(kBackoffMax,
-                                                       kBackoffBase * (1u << std::min(failures, 6u)));
+    auto ceiling = std::min<std::chrono::milliseconds>(
+        kBackoffMax, kBackoffBase * (1u << std::min(failures, 6u)));
     auto half = ceiling.count() / 2;
     auto delay = std::chrono::milliseconds(half + static_cast<long>(random_() % (half + 1)));
     ++failures;
@@ -353,7 +354,8 @@ net::awaitable<void> RedisClient::write_loop() {
   Socket* socket = socket_.get();
   while (!out_.empty() && open_ && socket == socket_.get()) {
     std::swap(out_, sending_);
-    auto [ec, n] = co_await net::async_write(*socket, net::buffer(sending_), as_tuple(use_awaitable));
+    auto [ec, n] =
+        co_await net::async_write(*socket, net::buffer(sending_), as_tuple(use_awaitable));
     sending_.clear();
     if (ec) {
       drop_connection();
@@ -363,7 +365,8 @@ net::awaitable<void> RedisClient::write_loop() {
   writing_ = false;
 }
 
-void RedisClient::enqueue(std::span<const std::string_view> args, std::shared_ptr<Pending> pending) {
+void RedisClient::enqueue(std::span<const std::string_view> args,
+                          std::shared_ptr<Pending> pending) {
   append_command(out_, args);
   pending_.push_back(std::move(pending));
   if (!writing_) net::co_spawn(context_, write_loop(), net::detached);

@@ -102,9 +102,9 @@ TEST(StateConfig, ErrorsNameTheirYamlPath) {
                "missing required key");
   expect_error("state:\n  on_unavailable: wait\n" + kOneModel, "state.on_unavailable", 2,
                "allowed: local, deny");
-  expect_error("state:\n  backend: redis\n  redis:\n    url: redis://h\n    timeout: 0ms\n" +
-                   kOneModel,
-               "state.redis.timeout", 5, "greater than zero");
+  expect_error(
+      "state:\n  backend: redis\n  redis:\n    url: redis://h\n    timeout: 0ms\n" + kOneModel,
+      "state.redis.timeout", 5, "greater than zero");
   expect_error("state:\n  redis:\n    url: redis://a:b@h\n    password: c\n" + kOneModel,
                "state.redis.password", 4, "give it once");
   expect_error("state:\n  redis:\n    url: redis://h\n    key_prefix: \"{x}\"\n" + kOneModel,

@@ -3,18 +3,18 @@
 // leave every request answered within state.redis.timeout.
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <future>
-#include <algorithm>
-#include <nlohmann/json.hpp>
 #include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>
+#include <algorithm>
+#include <atomic>
+#include <future>
+#include <nlohmann/json.hpp>
 #include <thread>
 
+#include "sluice/common/clock.hpp"
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
 #include "support/redis_server.hpp"
-#include "sluice/common/clock.hpp"
 
 namespace sluice::testing {
 namespace {
@@ -34,8 +34,8 @@ struct SharedSetup {
 std::string shared_config(const std::string& base_url, const SharedSetup& setup) {
   std::string yaml =
       "server:\n  admin_listen: 127.0.0.1:0\n  threads: 2\n"
-      "state:\n  backend: redis\n" + setup.state_extra +
-      "  redis:\n    url: " + setup.redis_url + "\n    timeout: 50ms\n";
+      "state:\n  backend: redis\n" +
+      setup.state_extra + "  redis:\n    url: " + setup.redis_url + "\n    timeout: 50ms\n";
   if (!setup.password.empty()) yaml += "    password: " + setup.password + "\n";
   yaml += std::string("auth:\n  keys:\n    - name: team-a\n      key: ") + kSharedKey + "\n" +
           setup.key_limits + "models:\n  - name: chat-fast\n    deployments:\n" +
@@ -67,7 +67,8 @@ class SharedState : public ::testing::Test {
   // Three gateways on one Redis, all up before the test goes on.
   void start_three(const SharedSetup& setup) {
     for (int i = 0; i < 3; ++i) {
-      gateways_.push_back(std::make_unique<TestGateway>(shared_config(upstream_->base_url(), setup)));
+      gateways_.push_back(
+          std::make_unique<TestGateway>(shared_config(upstream_->base_url(), setup)));
     }
     for (auto& gateway : gateways_) {
       ASSERT_TRUE(eventually([&] { return backend_up(*gateway); })) << "never connected";
@@ -98,15 +99,15 @@ TEST_F(SharedState, RpmHoldsAcrossThreeGatewaysWithExactNumbers) {
     }
   }
   // One more request is let in per second that passes (60 per minute).
-  auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
-                     std::chrono::steady_clock::now() - started)
-                     .count();
+  auto seconds =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started)
+          .count();
   EXPECT_GE(admitted, 60u);
   EXPECT_LE(admitted, 60u + static_cast<unsigned>(seconds));
   EXPECT_EQ(admitted + limited, 90u);
   EXPECT_EQ(upstream_->stats().requests, admitted);
-  std::printf("rpm 60 across three gateways: %u admitted, %u refused in %llds\n", admitted,
-              limited, static_cast<long long>(seconds));
+  std::printf("rpm 60 across three gateways: %u admitted, %u refused in %llds\n", admitted, limited,
+              static_cast<long long>(seconds));
 }
 
 TEST_F(SharedState, FirstRequestsShowTheSameHeadersAsTheLocalBackend) {
@@ -151,8 +152,8 @@ TEST_F(SharedState, MaxParallelHoldsAcrossGateways) {
   start_three({redis.url(), "      max_parallel: 2\n"});
   std::vector<std::future<HttpResponse>> slow;
   for (int i = 0; i < 2; ++i) {
-    slow.push_back(std::async(std::launch::async,
-                              [port = gateways_[i]->port()] { return chat(port); }));
+    slow.push_back(
+        std::async(std::launch::async, [port = gateways_[i]->port()] { return chat(port); }));
   }
   ASSERT_TRUE(eventually([&] { return upstream_->stats().requests >= 2; }, 3s));
   auto third = chat(gateways_[2]->port());
@@ -255,15 +256,13 @@ TEST_F(SharedState, StalledRedisCostsNoRequestMoreThanTheTimeout) {
 
 TEST_F(SharedState, WrongPasswordIsNamedAndTheGatewayRunsOnLocalState) {
   RedisServer redis({"--requirepass", "right-password"});
-  TestGateway gateway(shared_config(
-      upstream_->base_url(), {redis.url(), "      rpm: 2\n", "", "wrong-password"}));
-  ASSERT_TRUE(eventually([&] {
-    return json::parse(admin_get(gateway, "/admin/routes"))["state"].contains("error");
-  }));
+  TestGateway gateway(
+      shared_config(upstream_->base_url(), {redis.url(), "      rpm: 2\n", "", "wrong-password"}));
+  ASSERT_TRUE(eventually(
+      [&] { return json::parse(admin_get(gateway, "/admin/routes"))["state"].contains("error"); }));
   auto state = json::parse(admin_get(gateway, "/admin/routes"))["state"];
   EXPECT_EQ(state["up"], false);
-  EXPECT_NE(state["error"].get<std::string>().find("WRONGPASS"), std::string::npos)
-      << state.dump();
+  EXPECT_NE(state["error"].get<std::string>().find("WRONGPASS"), std::string::npos) << state.dump();
   // The local limits hold meanwhile.
   EXPECT_EQ(chat(gateway.port()).status, 200u);
   EXPECT_EQ(chat(gateway.port()).status, 200u);
@@ -272,8 +271,8 @@ TEST_F(SharedState, WrongPasswordIsNamedAndTheGatewayRunsOnLocalState) {
 
 TEST_F(SharedState, RightPasswordConnects) {
   RedisServer redis({"--requirepass", "right-password"});
-  TestGateway gateway(shared_config(upstream_->base_url(),
-                                    {redis.url(), "      rpm: 2\n", "", "right-password"}));
+  TestGateway gateway(
+      shared_config(upstream_->base_url(), {redis.url(), "      rpm: 2\n", "", "right-password"}));
   EXPECT_TRUE(eventually([&] { return backend_up(gateway); }));
   EXPECT_EQ(chat(gateway.port()).status, 200u);
   // The budget is in Redis, under the key's hash tag.
@@ -286,10 +285,10 @@ std::vector<std::unique_ptr<TestGateway>> three_on(const RedisServer& redis,
                                                    const std::string& rest) {
   std::vector<std::unique_ptr<TestGateway>> gateways;
   for (int i = 0; i < 3; ++i) {
-    gateways.push_back(std::make_unique<TestGateway>(
-        "server:\n  admin_listen: 127.0.0.1:0\n  threads: 2\n"
-        "state:\n  backend: redis\n  redis:\n    url: " +
-        redis.url() + "\n    timeout: 50ms\n" + rest));
+    gateways.push_back(
+        std::make_unique<TestGateway>("server:\n  admin_listen: 127.0.0.1:0\n  threads: 2\n"
+                                      "state:\n  backend: redis\n  redis:\n    url: " +
+                                      redis.url() + "\n    timeout: 50ms\n" + rest));
   }
   for (auto& gateway : gateways) {
     EXPECT_TRUE(eventually([&] { return backend_up(*gateway); })) << "never connected";
@@ -308,9 +307,10 @@ bool cooling(TestGateway& gateway, const std::string& deployment) {
 
 TEST_F(SharedState, ExactCacheHitsAcrossGatewaysAndExpiresInRedis) {
   RedisServer redis;
-  auto gateways = three_on(redis, "models:\n  - name: chat\n    cache: {mode: exact, ttl: 1s}\n"
-                                  "    deployments:\n" +
-                                      deployment_yaml("d1", upstream_->base_url()));
+  auto gateways = three_on(redis,
+                           "models:\n  - name: chat\n    cache: {mode: exact, ttl: 1s}\n"
+                           "    deployments:\n" +
+                               deployment_yaml("d1", upstream_->base_url()));
   const std::string question =
       R"({"model":"chat","temperature":0,"messages":[{"role":"user","content":"Hello?"}]})";
   auto first = ask(*gateways[0], question);
@@ -318,7 +318,10 @@ TEST_F(SharedState, ExactCacheHitsAcrossGatewaysAndExpiresInRedis) {
   EXPECT_EQ(first.header("x-sluice-cache"), "miss");
   // Stored without waiting for Redis's answer: give it a moment to land.
   ASSERT_TRUE(eventually(
-      [&] { return redis.command({"KEYS", "sluice:cache:chat:*"}).starts_with("*1"); }, 2s));
+      [&] {
+        return redis.command({"KEYS", "sluice:cache:chat:*"}).starts_with("*1");
+      },
+      2s));
   auto second = ask(*gateways[1], question);
   EXPECT_EQ(second.header("x-sluice-cache"), "hit");
   EXPECT_EQ(second.body, first.body);
@@ -338,11 +341,11 @@ TEST_F(SharedState, CooldownSpreadsWithinASecondAndOneProbeDecides) {
   failing.fail = "500";
   auto flaky = start_mock(failing);
   RedisServer redis;
-  auto gateways = three_on(
-      redis, "router:\n  cooldown: {fails: 1, within: 60s, for: 2s}\n"
-             "models:\n  - name: chat\n    strategy: priority\n    deployments:\n" +
-                 deployment_yaml("flaky", flaky->base_url()) +
-                 deployment_yaml("healthy", upstream_->base_url()));
+  auto gateways = three_on(redis,
+                           "router:\n  cooldown: {fails: 1, within: 60s, for: 2s}\n"
+                           "models:\n  - name: chat\n    strategy: priority\n    deployments:\n" +
+                               deployment_yaml("flaky", flaky->base_url()) +
+                               deployment_yaml("healthy", upstream_->base_url()));
   const std::string question = chat_body("chat", false);
   auto failed_over = ask(*gateways[0], question);
   EXPECT_EQ(failed_over.header("x-sluice-attempts"), "2");

@@ -80,9 +80,8 @@ RedisServer::~RedisServer() {
 bool RedisServer::launch() {
   auto binary = redis_server_binary();
   if (!binary) throw std::runtime_error("redis-server is not installed (scripts/setup)");
-  std::vector<std::string> args{"--port",       std::to_string(port_), "--bind", "127.0.0.1",
-                                "--save",       "",                    "--appendonly", "no",
-                                "--daemonize",  "no"};
+  std::vector<std::string> args{"--port", std::to_string(port_), "--bind", "127.0.0.1",   "--save",
+                                "",       "--appendonly",        "no",     "--daemonize", "no"};
   args.insert(args.end(), arguments_.begin(), arguments_.end());
   process_ = std::make_unique<ChildProcess>(*binary, args);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
