@@ -282,6 +282,7 @@ net::awaitable<std::optional<std::string>> RedisClient::connect() {
   if (expired) co_return "connecting timed out";
   if (ec) co_return "cannot connect: " + ec.message();
   open_ = true;
+  loaded_.clear();
   net::co_spawn(context_, read_loop(), net::detached);
   co_return std::nullopt;
 }
@@ -416,11 +417,14 @@ void RedisClient::send(std::span<const std::string_view> args) {
 void RedisClient::send_eval(const Script& script, std::span<const std::string_view> keys,
                             std::span<const std::string_view> args) {
   if (!ready_) return;
-  // EVAL in full: nobody waits to resend it on NOSCRIPT, and these are the
-  // rarer calls (settlements, renewals).
+  // Nobody waits to resend it on NOSCRIPT: in full the first time on this
+  // connection, by its digest after that.
   std::string key_count;
-  auto in_full = eval_arguments("EVAL", script.source, keys, args, key_count);
-  send(in_full);
+  const bool loaded = std::find(loaded_.begin(), loaded_.end(), &script) != loaded_.end();
+  auto arguments = loaded ? eval_arguments("EVALSHA", script.sha1, keys, args, key_count)
+                          : eval_arguments("EVAL", script.source, keys, args, key_count);
+  if (!loaded) loaded_.push_back(&script);
+  send(arguments);
 }
 
 std::optional<std::string> RedisClient::probe(const config::RedisState& settings) {

@@ -74,7 +74,9 @@ TEST(RedisClient, PipelinedCommandsGetTheirOwnReplies) {
       std::array<std::string_view, 2> get{"GET", key};
       auto reply = co_await client.command(get);
       EXPECT_TRUE(reply && reply->type == state::Reply::Type::string);
-      if (reply) EXPECT_EQ(reply->text, std::to_string(i));
+      if (reply) {
+        EXPECT_EQ(reply->text, std::to_string(i));
+      }
     }
   });
 }

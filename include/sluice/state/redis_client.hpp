@@ -129,6 +129,9 @@ class RedisClient {
   std::string out_;      // commands formatted, not yet written
   std::string sending_;  // being written
   std::deque<std::shared_ptr<Pending>> pending_;
+  // Scripts this connection sent in full: Redis keeps them until it
+  // restarts, which is a new connection.
+  std::vector<const Script*> loaded_;
   boost::asio::steady_timer backoff_;
   boost::asio::steady_timer reader_done_;
   std::string last_failure_;
