@@ -98,7 +98,7 @@ TEST(StateConfig, ErrorsNameTheirYamlPath) {
                "state.redis.url", 4, "unsupported scheme");
   expect_error("state:\n  backend: memcached\n" + kOneModel, "state.backend", 2,
                "allowed: local, redis");
-  expect_error("state:\n  backend: redis\n" + kOneModel, "state.redis.url", 1,
+  expect_error("state:\n  backend: redis\n" + kOneModel, "state.redis.url", 2,
                "missing required key");
   expect_error("state:\n  on_unavailable: wait\n" + kOneModel, "state.on_unavailable", 2,
                "allowed: local, deny");
