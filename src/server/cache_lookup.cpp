@@ -115,9 +115,10 @@ net::awaitable<std::optional<bool>> look_up_cache(RequestContext& context, Reque
   WorkerState* shared = context.worker.shared_state();
   if (!semantic && shared != nullptr && shared->redis().up()) {
     step.shared = shared;
-    step.shared_key = shared_cache_key(*shared, context.model->name, step.key.exact);
+    step.shared_key = std::make_unique<std::string>(
+        shared_cache_key(*shared, context.model->name, step.key.exact));
     step.ttl = settings.ttl;
-    hit = co_await find_shared(*shared, step.shared_key);
+    hit = co_await find_shared(*shared, *step.shared_key);
   } else {
     hit = cache->find(step.key.exact, Clock::now());
   }
@@ -173,7 +174,7 @@ void remember_response(CacheStep& step, bool event_stream) {
     std::string value(1, response->endpoint == cache::Endpoint::completions ? 'c' : 'h');
     value += response->body;
     auto ttl = std::to_string(step.ttl.count());
-    std::array<std::string_view, 5> set{"SET", step.shared_key, value, "PX", ttl};
+    std::array<std::string_view, 5> set{"SET", *step.shared_key, value, "PX", ttl};
     step.shared->redis().send(set);
     return;
   }

@@ -89,9 +89,10 @@ net::awaitable<Next> take_shared_limits(RequestContext& context, RequestJob& job
     verdict = verdict_of(reply);
     if (verdict && verdict->refused == auth::SharedVerdict::Refused::none &&
         limits.max_parallel > 0) {
-      job.shared_lease.set = std::move(keys[2]);
-      job.shared_lease.id = std::move(lease_id);
-      shared->hold(job.shared_lease);
+      job.shared_lease = std::make_unique<SharedLease>();
+      job.shared_lease->set = std::move(keys[2]);
+      job.shared_lease->id = std::move(lease_id);
+      shared->hold(*job.shared_lease);
     }
   }
 
@@ -115,7 +116,7 @@ void settle_shared_limits(RequestContext& context, RequestJob& job,
   WorkerState* shared = context.worker.shared_state();
   if (shared == nullptr) return;
   job.shared_admitted = false;
-  if (job.shared_lease.held()) shared->release(job.shared_lease);
+  if (job.shared_lease && job.shared_lease->held()) shared->release(*job.shared_lease);
   const auth::Admission& admission = job.admission;
   const auth::KeyPolicy& key = *admission.key;
   const std::uint64_t reserved = admission.reserved_tokens();

@@ -30,9 +30,9 @@ struct CacheStep {
   std::string captured;
 
   // Exact mode with the shared state backend up: the entry lives in Redis
-  // under this key instead, for the model's ttl.
+  // under `shared_key` instead, for the model's ttl.
   WorkerState* shared = nullptr;
-  std::string shared_key;
+  std::unique_ptr<std::string> shared_key;  // only ever made with the redis backend
   std::chrono::milliseconds ttl{0};
 };
 

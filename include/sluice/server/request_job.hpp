@@ -37,7 +37,7 @@ struct RequestJob {
   // With state.backend redis: the request was admitted by the shared
   // limits (so account settles there), and the permit it holds, if any.
   bool shared_admitted = false;
-  SharedLease shared_lease;
+  std::unique_ptr<SharedLease> shared_lease;  // only ever made with the redis backend
   CacheStep cache_step;
   ForwardingStorage forwarding_storage;
   ForwardedRequest forwarded;
