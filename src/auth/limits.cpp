@@ -33,21 +33,32 @@ Gcra::Gcra(std::uint64_t per_minute) : limit_(per_minute), interval_ns_(0), wind
   window_ns_ = interval_ns_ * requests;
 }
 
+Decision Gcra::judge(std::int64_t owed) const {
+  if (limit_ == 0) return unlimited();
+  std::int64_t owed_after = owed + interval_ns_;
+  if (owed_after > window_ns_) {
+    std::int64_t left = std::max<std::int64_t>(0, window_ns_ - owed) / interval_ns_;
+    return {false, Nanos(owed_after - window_ns_), static_cast<std::uint64_t>(left), Nanos(owed)};
+  }
+  return {true, Nanos{0}, static_cast<std::uint64_t>((window_ns_ - owed_after) / interval_ns_),
+          Nanos(owed_after)};
+}
+
+std::uint64_t Gcra::remaining_when_owed(std::int64_t owed) const {
+  if (limit_ == 0) return kUnlimited;
+  return owed >= window_ns_ ? 0 : static_cast<std::uint64_t>((window_ns_ - owed) / interval_ns_);
+}
+
 Decision Gcra::try_acquire(TimePoint now) {
   if (limit_ == 0) return unlimited();
   std::int64_t now_ns = to_ns(now);
   std::int64_t tat = tat_ns_.load(kRelaxed);
   for (;;) {
     std::int64_t start = std::max(tat, now_ns);
-    std::int64_t owed = start - now_ns;
-    std::int64_t owed_after = owed + interval_ns_;
-    if (owed_after > window_ns_) {
-      std::int64_t left = std::max<std::int64_t>(0, window_ns_ - owed) / interval_ns_;
-      return {false, Nanos(owed_after - window_ns_), static_cast<std::uint64_t>(left), Nanos(owed)};
-    }
+    Decision decision = judge(start - now_ns);
+    if (!decision.allowed) return decision;
     if (tat_ns_.compare_exchange_weak(tat, start + interval_ns_, kRelaxed, kRelaxed)) {
-      return {true, Nanos{0}, static_cast<std::uint64_t>((window_ns_ - owed_after) / interval_ns_),
-              Nanos(owed_after)};
+      return decision;
     }
   }
 }
@@ -59,9 +70,7 @@ void Gcra::refund() {
 }
 
 std::uint64_t Gcra::remaining(TimePoint now) const {
-  if (limit_ == 0) return kUnlimited;
-  std::int64_t owed = reset_after(now).count();
-  return owed >= window_ns_ ? 0 : static_cast<std::uint64_t>((window_ns_ - owed) / interval_ns_);
+  return remaining_when_owed(reset_after(now).count());
 }
 
 Nanos Gcra::reset_after(TimePoint now) const {
@@ -76,6 +85,7 @@ Nanos Gcra::reset_after(TimePoint now) const {
 TokenBucket::TokenBucket(std::uint64_t per_minute) : limit_(per_minute) {}
 
 std::int64_t TokenBucket::cost_ns(std::uint64_t tokens) const {
+  if (limit_ == 0) return 0;  // unlimited: nothing is ever owed
   // Rounded up so that no request is ever free; 128 bits because a token
   // count times a minute in nanoseconds overflows 64.
   unsigned __int128 product = static_cast<unsigned __int128>(tokens) * kMinuteNs;
@@ -90,6 +100,21 @@ std::uint64_t TokenBucket::tokens_for(std::int64_t ns) const {
   return static_cast<std::uint64_t>(product / kMinuteNs);
 }
 
+Decision TokenBucket::judge(std::int64_t owed, std::int64_t cost) const {
+  if (limit_ == 0) return unlimited();
+  if (owed >= kMinuteNs) {
+    // Allowed again once less than a minute's worth is owed.
+    return {false, Nanos(owed - kMinuteNs + 1), 0, Nanos(owed)};
+  }
+  std::int64_t owed_after = owed + cost;
+  return {true, Nanos{0}, tokens_for(kMinuteNs - owed_after), Nanos(owed_after)};
+}
+
+std::uint64_t TokenBucket::remaining_when_owed(std::int64_t owed) const {
+  if (limit_ == 0) return kUnlimited;
+  return tokens_for(kMinuteNs - owed);
+}
+
 Decision TokenBucket::reserve(std::uint64_t tokens, TimePoint now) {
   if (limit_ == 0) return unlimited();
   std::int64_t now_ns = to_ns(now);
@@ -97,15 +122,9 @@ Decision TokenBucket::reserve(std::uint64_t tokens, TimePoint now) {
   std::int64_t tat = tat_ns_.load(kRelaxed);
   for (;;) {
     std::int64_t start = std::max(tat, now_ns);
-    std::int64_t owed = start - now_ns;
-    if (owed >= kMinuteNs) {
-      // Allowed again once less than a minute's worth is owed.
-      return {false, Nanos(owed - kMinuteNs + 1), 0, Nanos(owed)};
-    }
-    if (tat_ns_.compare_exchange_weak(tat, start + cost, kRelaxed, kRelaxed)) {
-      std::int64_t owed_after = owed + cost;
-      return {true, Nanos{0}, tokens_for(kMinuteNs - owed_after), Nanos(owed_after)};
-    }
+    Decision decision = judge(start - now_ns, cost);
+    if (!decision.allowed) return decision;
+    if (tat_ns_.compare_exchange_weak(tat, start + cost, kRelaxed, kRelaxed)) return decision;
   }
 }
 
@@ -124,8 +143,7 @@ void TokenBucket::settle(std::uint64_t reserved, std::uint64_t actual, TimePoint
 }
 
 std::uint64_t TokenBucket::remaining(TimePoint now) const {
-  if (limit_ == 0) return kUnlimited;
-  return tokens_for(kMinuteNs - reset_after(now).count());
+  return remaining_when_owed(reset_after(now).count());
 }
 
 Nanos TokenBucket::reset_after(TimePoint now) const {

@@ -147,7 +147,8 @@ Admission::Admission(Admission&& other) noexcept
       headers(other.headers),
       limits_(std::exchange(other.limits_, nullptr)),
       reserved_tokens_(other.reserved_tokens_),
-      completed_(other.completed_) {}
+      completed_(other.completed_),
+      limits_pending_(other.limits_pending_) {}
 
 Admission& Admission::operator=(Admission&& other) noexcept {
   if (this != &other) {
@@ -159,6 +160,7 @@ Admission& Admission::operator=(Admission&& other) noexcept {
     limits_ = std::exchange(other.limits_, nullptr);
     reserved_tokens_ = other.reserved_tokens_;
     completed_ = other.completed_;
+    limits_pending_ = other.limits_pending_;
   }
   return *this;
 }
@@ -182,6 +184,7 @@ void Admission::append_headers(std::string& out) const {
 
 AuthStage::AuthStage(const config::Config& config, const AuthStage* previous)
     : enabled_(config.auth.enabled()),
+      limits_shared_(config.state.shared()),
       store_(config.auth),
       registry_(config.auth, previous != nullptr ? &previous->registry_ : nullptr) {
   limits_by_key_.reserve(store_.keys().size());
@@ -210,9 +213,32 @@ Admission AuthStage::admit(const AuthRequest& request) const {
     return admission;
   }
 
-  KeyLimits& limits = *limits_by_key_[static_cast<std::size_t>(key - store_.keys().data())];
   const config::ApiKeyLimits& configured = key->limits;
-  const TimePoint now = request.now;
+  // What one request can be known to need before its usage settles it: the
+  // estimate rests on the client's max_tokens, and uncapped, one request
+  // could put the key in debt for a year.
+  admission.reserved_tokens_ = configured.tpm > 0
+                                   ? std::min(request.estimated_tokens, configured.tpm)
+                                   : request.estimated_tokens;
+  if (limits_shared_) {
+    admission.limits_pending_ = true;
+    return admission;
+  }
+  take_local_limits(admission, request.now);
+  return admission;
+}
+
+KeyLimits& AuthStage::limits_of(const KeyPolicy& key) const {
+  return *limits_by_key_[static_cast<std::size_t>(&key - store_.keys().data())];
+}
+
+void AuthStage::take_local_limits(Admission& admission, TimePoint now) const {
+  admission.limits_pending_ = false;
+  const KeyPolicy* key = admission.key;
+  KeyLimits& limits = limits_of(*key);
+  const config::ApiKeyLimits& configured = key->limits;
+  const std::uint64_t estimate = admission.reserved_tokens_;
+  admission.reserved_tokens_ = 0;
 
   if (!limits.parallel.try_acquire()) {
     admission.error = rate_limited(Limit::max_parallel, *key, std::nullopt);
@@ -221,7 +247,7 @@ Admission AuthStage::admit(const AuthRequest& request) const {
         budget(configured.rpm, limits.requests.remaining(now), limits.requests.reset_after(now));
     admission.headers.tokens =
         budget(configured.tpm, limits.tokens.remaining(now), limits.tokens.reset_after(now));
-    return admission;
+    return;
   }
 
   Decision requests = limits.requests.try_acquire(now);
@@ -232,16 +258,10 @@ Admission AuthStage::admit(const AuthRequest& request) const {
     admission.headers.requests = budget(configured.rpm, requests.remaining, requests.reset_after);
     admission.headers.tokens =
         budget(configured.tpm, limits.tokens.remaining(now), limits.tokens.reset_after(now));
-    return admission;
+    return;
   }
 
-  if (request.estimated_tokens > 0) {
-    // The estimate rests on the client's max_tokens: uncapped, one request
-    // could put the key in debt for a year. A minute's budget is the most
-    // one request can be known to need before its usage settles it.
-    const std::uint64_t estimate = configured.tpm > 0
-                                       ? std::min(request.estimated_tokens, configured.tpm)
-                                       : request.estimated_tokens;
+  if (estimate > 0) {
     Decision tokens = limits.tokens.reserve(estimate, now);
     if (!tokens.allowed) {
       limits.requests.refund();
@@ -251,7 +271,7 @@ Admission AuthStage::admit(const AuthRequest& request) const {
       admission.headers.requests =
           budget(configured.rpm, limits.requests.remaining(now), limits.requests.reset_after(now));
       admission.headers.tokens = budget(configured.tpm, tokens.remaining, tokens.reset_after);
-      return admission;
+      return;
     }
     admission.headers.tokens = budget(configured.tpm, tokens.remaining, tokens.reset_after);
     admission.reserved_tokens_ = estimate;
@@ -261,7 +281,61 @@ Admission AuthStage::admit(const AuthRequest& request) const {
   }
   admission.headers.requests = budget(configured.rpm, requests.remaining, requests.reset_after);
   admission.limits_ = &limits;
-  return admission;
+}
+
+void AuthStage::conclude_shared(Admission& admission, const SharedVerdict& verdict) const {
+  admission.limits_pending_ = false;
+  const KeyPolicy& key = *admission.key;
+  const KeyLimits& limits = limits_of(key);
+  const config::ApiKeyLimits& configured = key.limits;
+  const Gcra& gcra = limits.requests;
+  const TokenBucket& bucket = limits.tokens;
+  const auto rpm_owed = verdict.rpm_owed_ns;
+  const auto tpm_owed = verdict.tpm_owed_ns;
+  auto rpm_now = [&] {
+    return budget(configured.rpm, gcra.remaining_when_owed(rpm_owed), Nanos(rpm_owed));
+  };
+  auto tpm_now = [&] {
+    return budget(configured.tpm, bucket.remaining_when_owed(tpm_owed), Nanos(tpm_owed));
+  };
+  const std::uint64_t estimate = admission.reserved_tokens_;
+  switch (verdict.refused) {
+    case SharedVerdict::Refused::max_parallel:
+      admission.reserved_tokens_ = 0;
+      admission.error = rate_limited(Limit::max_parallel, key, std::nullopt);
+      admission.retry_after = std::chrono::seconds(1);
+      admission.headers.requests = rpm_now();
+      admission.headers.tokens = tpm_now();
+      return;
+    case SharedVerdict::Refused::rpm: {
+      admission.reserved_tokens_ = 0;
+      Decision requests = gcra.judge(rpm_owed);
+      admission.error = rate_limited(Limit::rpm, key, requests.retry_after);
+      admission.retry_after = whole_seconds_at_least_one(requests.retry_after);
+      admission.headers.requests = budget(configured.rpm, requests.remaining, requests.reset_after);
+      admission.headers.tokens = tpm_now();
+      return;
+    }
+    case SharedVerdict::Refused::tpm: {
+      admission.reserved_tokens_ = 0;
+      Decision tokens = bucket.judge(tpm_owed, bucket.cost_ns(estimate));
+      admission.error = rate_limited(Limit::tpm, key, tokens.retry_after);
+      admission.retry_after = whole_seconds_at_least_one(tokens.retry_after);
+      admission.headers.requests = rpm_now();
+      admission.headers.tokens = budget(configured.tpm, tokens.remaining, tokens.reset_after);
+      return;
+    }
+    case SharedVerdict::Refused::none:
+      break;
+  }
+  Decision requests = gcra.judge(rpm_owed);
+  admission.headers.requests = budget(configured.rpm, requests.remaining, requests.reset_after);
+  if (estimate > 0) {
+    Decision tokens = bucket.judge(tpm_owed, bucket.cost_ns(estimate));
+    admission.headers.tokens = budget(configured.tpm, tokens.remaining, tokens.reset_after);
+  } else {
+    admission.headers.tokens = tpm_now();
+  }
 }
 
 void AuthStage::complete(const Admission& admission, std::optional<std::uint64_t> actual_tokens,

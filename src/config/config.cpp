@@ -363,6 +363,7 @@ class Loader {
   void read_adaptive_deadline(const Located& at, AdaptiveDeadline& deadline) const;
   void read_log(const Located& at, Log& log) const;
   void read_budgets(const Located& at, Budgets& budgets) const;
+  void read_state(const Located& at, State& state) const;
   void read_auth(const Located& at, Auth& auth);
   ApiKey read_api_key(const Located& at);
   std::array<unsigned char, 32> read_key_digest(const MappingReader& map, const Located& at) const;
@@ -644,6 +645,50 @@ void Loader::read_budgets(const Located& at, Budgets& budgets) const {
     budgets.upstream_ttfb = read_positive_duration(*value);
   }
   if (auto value = map.get("total")) budgets.total = read_positive_duration(*value);
+}
+
+void Loader::read_state(const Located& at, State& state) const {
+  MappingReader map(at, {"backend", "redis", "on_unavailable"});
+  if (auto value = map.get("backend")) {
+    state.backend = read_enum<State::Backend>(
+        *value, {{"local", State::Backend::local}, {"redis", State::Backend::redis}});
+  }
+  if (auto value = map.get("on_unavailable")) {
+    state.on_unavailable = read_enum<State::OnUnavailable>(
+        *value, {{"local", State::OnUnavailable::local}, {"deny", State::OnUnavailable::deny}});
+  }
+  auto redis_at = map.get("redis");
+  if (!redis_at) {
+    if (state.shared()) fail(join_path(at.path, "redis.url"), "missing required key", at.line);
+    return;
+  }
+  MappingReader redis(*redis_at, {"url", "password", "username", "key_prefix", "timeout"});
+  RedisState& into = state.redis;
+  if (auto value = redis.get("url")) {
+    std::string why;
+    if (!parse_redis_url(read_string(*value), into, why)) fail(*value, why);
+  } else if (state.shared()) {
+    redis.require("url");
+  }
+  if (auto value = redis.get("password")) {
+    if (!into.password.empty()) fail(*value, "the URL gives a password already: give it once");
+    into.password = read_non_empty_string(*value);
+  }
+  if (auto value = redis.get("username")) {
+    if (!into.username.empty()) fail(*value, "the URL gives a username already: give it once");
+    into.username = read_non_empty_string(*value);
+  }
+  if (!into.username.empty() && into.password.empty()) {
+    fail(join_path(redis_at->path, "username"), "a username needs a password", redis_at->line);
+  }
+  if (auto value = redis.get("key_prefix")) {
+    into.key_prefix = read_string(*value);
+    // Braces would break the hash tags every key carries.
+    if (into.key_prefix.find_first_of("{} \r\n") != std::string::npos) {
+      fail(*value, "must not contain braces, spaces or line breaks");
+    }
+  }
+  if (auto value = redis.get("timeout")) into.timeout = read_positive_duration(*value);
 }
 
 // Shared by the load-time check and require_auth_or_explicit_opt_out, so
@@ -1226,7 +1271,8 @@ void Loader::read_ca_file(const Located& at, Deployment& deployment) const {
 
 Config Loader::load(const Located& root) {
   if (root.node.IsNull()) fail(root, "the document is empty; at least 'models' is required");
-  MappingReader map(root, {"server", "upstream", "router", "log", "models", "auth", "budgets"});
+  MappingReader map(root,
+                    {"server", "upstream", "router", "log", "models", "auth", "budgets", "state"});
 
   Config config;
   if (auto value = map.get("server")) {
@@ -1238,6 +1284,7 @@ Config Loader::load(const Located& root) {
   if (auto value = map.get("router")) read_router(*value, config.router);
   if (auto value = map.get("log")) read_log(*value, config.log);
   if (auto value = map.get("budgets")) read_budgets(*value, config.budgets);
+  if (auto value = map.get("state")) read_state(*value, config.state);
   if (auto value = map.get("auth")) {
     // A block mapping's value starts on the line after "auth:"; errors about
     // the section as a whole read better pointing at the key itself.
@@ -1380,6 +1427,7 @@ std::vector<std::string> start_only_changes(const Config& running, const Config&
   note(running.upstream.dns_ttl != loaded.upstream.dns_ttl, "upstream.dns_ttl");
   note(running.log.format != loaded.log.format, "log.format");
   note(running.log.access_log != loaded.log.access_log, "log.access_log");
+  note(running.state != loaded.state, "state");
   return changed;
 }
 

@@ -235,6 +235,130 @@ std::optional<Url> parse_url(const std::string& text, std::string& why) {
   return url;
 }
 
+namespace {
+
+// Percent-decoding for the credentials of a Redis URL, where a password may
+// hold any byte.
+bool percent_decode(std::string_view text, std::string& out) {
+  out.clear();
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '%') {
+      out += text[i];
+      continue;
+    }
+    unsigned value = 0;
+    if (i + 2 >= text.size()) return false;
+    auto [end, ec] = std::from_chars(text.data() + i + 1, text.data() + i + 3, value, 16);
+    if (ec != std::errc{} || end != text.data() + i + 3) return false;
+    out += static_cast<char>(value);
+    i += 2;
+  }
+  return true;
+}
+
+bool parse_database(std::string_view text, unsigned& database, std::string& why) {
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), database);
+  if (text.empty() || ec != std::errc{} || end != text.data() + text.size() || database > 65535) {
+    why = "invalid database number '" + std::string(text) + "' (expected 0, 1, ...)";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool parse_redis_url(const std::string& text, RedisState& into, std::string& why) {
+  if (std::any_of(text.begin(), text.end(), [](char c) {
+        return std::isspace(static_cast<unsigned char>(c)) ||
+               std::iscntrl(static_cast<unsigned char>(c));
+      })) {
+    why = "URL contains whitespace or control characters";
+    return false;
+  }
+  auto separator = text.find("://");
+  if (separator == std::string::npos) {
+    why = "missing scheme (expected redis://, rediss:// or unix://)";
+    return false;
+  }
+  const std::string scheme = lower_ascii(std::string_view(text).substr(0, separator));
+  std::string_view rest = std::string_view(text).substr(separator + 3);
+  RedisState parsed;
+  parsed.key_prefix = into.key_prefix;
+  parsed.timeout = into.timeout;
+  if (scheme == "unix") {
+    parsed.transport = RedisState::Transport::unix_socket;
+    auto query = rest.find('?');
+    parsed.socket_path = std::string(rest.substr(0, query));
+    if (parsed.socket_path.empty() || parsed.socket_path.front() != '/') {
+      why = "expected an absolute socket path, as in unix:///run/redis/redis.sock";
+      return false;
+    }
+    if (query != std::string_view::npos) {
+      std::string_view parameter = rest.substr(query + 1);
+      if (!parameter.starts_with("db=")) {
+        why = "the only query parameter allowed is db=N";
+        return false;
+      }
+      if (!parse_database(parameter.substr(3), parsed.database, why)) return false;
+    }
+  } else if (scheme == "redis" || scheme == "rediss") {
+    parsed.transport = scheme == "rediss" ? RedisState::Transport::tls : RedisState::Transport::tcp;
+    if (rest.find_first_of("?#") != std::string_view::npos) {
+      why = "a query string or fragment is not allowed";
+      return false;
+    }
+    auto path_start = rest.find('/');
+    std::string_view authority = rest.substr(0, path_start);
+    auto at = authority.rfind('@');
+    if (at != std::string_view::npos) {
+      std::string_view credentials = authority.substr(0, at);
+      authority = authority.substr(at + 1);
+      auto colon = credentials.find(':');
+      std::string_view user = credentials.substr(0, colon);
+      std::string_view password =
+          colon == std::string_view::npos ? std::string_view{} : credentials.substr(colon + 1);
+      // "redis://secret@host" is the password alone, as redis-cli reads it.
+      if (colon == std::string_view::npos) std::swap(user, password);
+      if (!percent_decode(user, parsed.username) || !percent_decode(password, parsed.password)) {
+        why = "invalid percent-encoding in the credentials";
+        return false;
+      }
+    }
+    if (authority.empty()) {
+      why = "empty host";
+      return false;
+    }
+    auto host_port = split_host_port(authority, why);
+    if (!host_port) return false;
+    parsed.host = std::move(host_port->host);
+    if (host_port->port) {
+      auto port = parse_port_number(*host_port->port);
+      if (!port || *port == 0) {
+        why = "invalid port '" + std::string(*host_port->port) + "' (expected 1-65535)";
+        return false;
+      }
+      parsed.port = *port;
+    }
+    if (path_start != std::string_view::npos) {
+      std::string_view database = rest.substr(path_start + 1);
+      if (!database.empty() && !parse_database(database, parsed.database, why)) return false;
+    }
+  } else {
+    why = "unsupported scheme '" + scheme + "' (expected redis, rediss or unix)";
+    return false;
+  }
+  // Kept without its credentials: the URL shows up in logs and messages.
+  parsed.url =
+      scheme + "://" +
+      (parsed.transport == RedisState::Transport::unix_socket
+           ? parsed.socket_path
+           : (parsed.host.find(':') != std::string::npos ? "[" + parsed.host + "]" : parsed.host) +
+                 ":" + std::to_string(parsed.port)) +
+      (parsed.database != 0 ? "/" + std::to_string(parsed.database) : "");
+  into = std::move(parsed);
+  return true;
+}
+
 std::optional<std::pair<std::string, std::uint16_t>> parse_listen(const std::string& text) {
   std::string why;
   auto host_port = split_host_port(text, why);

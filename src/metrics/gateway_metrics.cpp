@@ -92,6 +92,14 @@ GatewayMetrics::GatewayMetrics(Registry& registry, GatewayMetricsSources sources
         out.push_back({{"idle"}, static_cast<double>(counts.idle)});
         out.push_back({{"active"}, static_cast<double>(counts.active)});
       });
+  if (sources.state_backend_up) {
+    registry.gauge_collector(
+        "sluice_state_backend_up",
+        "1 while every worker's connection to the shared state backend (Redis) is up, else 0.", {},
+        [read = std::move(sources.state_backend_up)](std::vector<GaugeSample>& out) {
+          out.push_back({{}, read() ? 1.0 : 0.0});
+        });
+  }
   registry.gauge_collector(
       "sluice_deployment_cooldown", "1 while a deployment is cooling down after failures, else 0.",
       {"deployment"},

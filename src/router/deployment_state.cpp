@@ -304,6 +304,30 @@ void DeploymentState::record_success(TimePoint now) {
   }
 }
 
+void DeploymentState::hold_cooldown_until(TimePoint until) {
+  const std::int64_t wanted = ticks(until);
+  std::int64_t current = cooldown_until_.load(std::memory_order_acquire);
+  while (current == kUnset || current < wanted) {
+    if (cooldown_until_.compare_exchange_weak(current, wanted, std::memory_order_acq_rel)) {
+      if (current == kUnset) probe_pending_.store(false, std::memory_order_release);
+      return;
+    }
+  }
+}
+
+void DeploymentState::end_cooldown_for_probe(TimePoint now) {
+  const std::int64_t t = ticks(now);
+  std::int64_t current = cooldown_until_.load(std::memory_order_acquire);
+  while (current != kUnset && current > t) {
+    if (cooldown_until_.compare_exchange_weak(current, t, std::memory_order_acq_rel)) return;
+  }
+}
+
+void DeploymentState::end_cooldown() {
+  cooldown_until_.store(kUnset, std::memory_order_release);
+  probe_pending_.store(false, std::memory_order_release);
+}
+
 bool DeploymentState::cooling_down(TimePoint now) const {
   const std::int64_t until = cooldown_until_.load(std::memory_order_acquire);
   return until != kUnset && ticks(now) < until;

@@ -144,8 +144,9 @@ std::optional<std::uint64_t> tokens_spent(const RequestContext& context, const R
 void account(RequestContext& context, RequestJob& job, bool keep) {
   // Settled before anything else: the client may already be sending its
   // next request.
-  context.snapshot->auth->complete(job.admission, tokens_spent(context, job),
-                                   settle_answered_at(context));
+  const auto spent = tokens_spent(context, job);
+  if (job.shared_admitted) settle_shared_limits(context, job, spent);
+  context.snapshot->auth->complete(job.admission, spent, settle_answered_at(context));
   count_and_log(context, !keep && context.client_gone);
 }
 

@@ -114,7 +114,14 @@ std::string render_routes(Gateway& gateway) {
                       {"strategy", static_cast<int>(model.strategy)},
                       {"deployments", std::move(deployments)}});
   }
-  return nlohmann::json{{"models", std::move(models)}}.dump(2);
+  // Latency windows are this instance's own; limits, cooldowns and the
+  // exact cache are shared while the state backend is up.
+  nlohmann::json state = {{"backend", "local"}};
+  if (const auto* status = gateway.state_status()) {
+    state = {{"backend", "redis"}, {"url", status->url()}, {"up", status->up()}};
+    if (auto error = status->last_error(); !error.empty()) state["error"] = std::move(error);
+  }
+  return nlohmann::json{{"models", std::move(models)}, {"state", std::move(state)}}.dump(2);
 }
 
 namespace {

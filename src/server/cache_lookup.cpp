@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -58,6 +59,33 @@ net::awaitable<std::vector<float>> embed_query(RequestContext& context,
   co_return vector;
 }
 
+// Exact mode's entries in Redis: one byte for the endpoint, then the body.
+// Redis enforces the TTL, and its maxmemory policy bounds the size.
+std::string shared_cache_key(const WorkerState& shared, const std::string& model,
+                             const cache::Digest& digest) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string key = shared.settings().redis.key_prefix;
+  key.append("cache:").append(model).append(":");
+  for (unsigned char byte : digest) {
+    key += kDigits[byte >> 4];
+    key += kDigits[byte & 0xf];
+  }
+  return key;
+}
+
+net::awaitable<std::shared_ptr<const cache::CachedResponse>> find_shared(WorkerState& shared,
+                                                                         const std::string& key) {
+  std::array<std::string_view, 2> get{"GET", key};
+  auto reply = co_await shared.redis().command(get);
+  if (!reply || reply->type != state::Reply::Type::string || reply->text.empty()) {
+    co_return nullptr;
+  }
+  auto response = std::make_shared<cache::CachedResponse>();
+  response->endpoint = reply->text[0] == 'c' ? cache::Endpoint::completions : cache::Endpoint::chat;
+  response->body.assign(reply->text, 1);
+  co_return response;
+}
+
 }  // namespace
 
 // A request may be cached when it says so (`cache: true`), or by default
@@ -83,7 +111,17 @@ net::awaitable<std::optional<bool>> look_up_cache(RequestContext& context, Reque
   step.endpoint = *cached_endpoint;
   step.key = cache::request_key(std::move(parsed), context.model->name, step.endpoint, semantic);
 
-  auto hit = cache->find(step.key.exact, Clock::now());
+  std::shared_ptr<const cache::CachedResponse> hit;
+  WorkerState* shared = context.worker.shared_state();
+  if (!semantic && shared != nullptr && shared->redis().up()) {
+    step.shared = shared;
+    step.shared_key = std::make_unique<std::string>(
+        shared_cache_key(*shared, context.model->name, step.key.exact));
+    step.ttl = settings.ttl;
+    hit = co_await find_shared(*shared, *step.shared_key);
+  } else {
+    hit = cache->find(step.key.exact, Clock::now());
+  }
   std::optional<double> similarity;
   if (!hit && semantic && !step.key.has_tools && !step.key.query_text.empty()) {
     // Validated at load: the embedding model is one of this config's.
@@ -131,6 +169,15 @@ void remember_response(CacheStep& step, bool event_stream) {
   auto response = event_stream ? cache::from_event_stream(step.captured, step.endpoint)
                                : cache::from_json_body(step.captured, step.endpoint);
   if (!response) return;
+  if (step.shared != nullptr) {
+    if (response->body.size() > kMaxCachedResponseBytes) return;
+    std::string value(1, response->endpoint == cache::Endpoint::completions ? 'c' : 'h');
+    value += response->body;
+    auto ttl = std::to_string(step.ttl.count());
+    std::array<std::string_view, 5> set{"SET", *step.shared_key, value, "PX", ttl};
+    step.shared->redis().send(set);
+    return;
+  }
   step.cache->store(step.key.exact,
                     std::make_shared<const cache::CachedResponse>(std::move(*response)),
                     Clock::now(), step.key.scope, std::move(step.unit_vector));

@@ -75,6 +75,10 @@ Worker::Worker(Gateway& gateway, unsigned index)
       transports_(upstream::TransportDeps{pool_, gateway.dns(), gateway.tls()}),
       random_(std::random_device{}() | (std::uint64_t{std::random_device{}()} << 32)) {
   take_snapshot(gateway.snapshot());
+  if (auto* status = gateway.state_status()) {
+    shared_state_ =
+        std::make_unique<WorkerState>(context_, snapshot_->config->state, *status, next_random());
+  }
 }
 
 void Worker::take_snapshot(std::shared_ptr<const Snapshot> snapshot) {
@@ -199,6 +203,9 @@ Gateway::Gateway(const config::ConfigPtr& config)
     }
     return counts;
   };
+  if (config->state.shared()) {
+    sources.state_backend_up = [this] { return state_status_ && state_status_->up(); };
+  }
   sources.deployment_cooldowns = [this](std::vector<metrics::DeploymentCooldown>& out) {
     auto current = snapshot();
     auto now = Clock::now();
@@ -429,6 +436,20 @@ void Gateway::start() {
   auto config = snapshot()->config;
   started_with_ = config;
   unsigned threads = std::max(1u, config->server.threads);
+  if (config->state.shared()) {
+    const auto& redis = config->state.redis;
+    // Said once at start, either way: the gateway runs on local state until
+    // Redis answers, and a wrong password is worth knowing before traffic.
+    if (auto failure = state::RedisClient::probe(redis)) {
+      spdlog::error(
+          "state: Redis at {} did not accept the connection: {}; limits, cooldowns and "
+          "the cache stay per instance until it does",
+          redis.url, *failure);
+    } else {
+      spdlog::info("state: Redis at {} answered; limits are shared through it", redis.url);
+    }
+    state_status_ = std::make_unique<state::BackendStatus>(threads, redis.url);
+  }
   for (unsigned i = 0; i < threads; ++i) workers_.push_back(std::make_unique<Worker>(*this, i));
 
   auto& accept_context = workers_[0]->context();
@@ -460,7 +481,12 @@ void Gateway::start() {
     net::co_spawn(*admin_context_, serve_admin(*this, *admin_acceptor_), net::detached);
     admin_thread_ = std::thread([context = admin_context_.get()] { context->run(); });
   }
+  if (workers_[0]->shared_state_) {
+    net::co_spawn(workers_[0]->context(), share_cooldowns(*workers_[0]),
+                  InternalErrorBarrier(*workers_[0], "sharing cooldowns"));
+  }
   for (auto& worker : workers_) {
+    if (worker->shared_state_) worker->shared_state_->start();
     net::co_spawn(worker->context(), sweep_idle_connections(*worker),
                   InternalErrorBarrier(*worker, "closing expired upstream connections"));
     worker->thread_ = std::thread([&worker = *worker, busy_poll = config->server.busy_poll] {

@@ -56,7 +56,9 @@ net::awaitable<bool> Pipeline::handle(RequestContext& context) {
   begin(context);
   RequestJob job;
   bool keep = false;
-  if (decide(context, job) == Next::answer_here) {
+  Next next = decide(context, job);
+  if (job.admission.limits_pending()) next = co_await take_shared_limits(context, job, next);
+  if (next == Next::answer_here) {
     keep = co_await respond_here(context, job);
   } else {
     std::optional<bool> cached;

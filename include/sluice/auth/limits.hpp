@@ -49,6 +49,16 @@ class Gcra {
   Nanos reset_after(TimePoint now) const;
   std::uint64_t limit() const { return limit_; }
 
+  // The arithmetic of try_acquire without the state: the answer for a
+  // request that finds the TAT `owed_ns` ahead of now (0 when idle). A
+  // shared backend keeps the TAT elsewhere and asks this for the numbers,
+  // so both backends answer alike.
+  Decision judge(std::int64_t owed_ns) const;
+  // remaining() for a TAT `owed_ns` ahead of now.
+  std::uint64_t remaining_when_owed(std::int64_t owed_ns) const;
+  std::int64_t interval_ns() const { return interval_ns_; }
+  std::int64_t window_ns() const { return window_ns_; }
+
  private:
   std::uint64_t limit_;
   std::int64_t interval_ns_;  // 60s / limit
@@ -78,8 +88,14 @@ class TokenBucket {
   Nanos reset_after(TimePoint now) const;
   std::uint64_t limit() const { return limit_; }
 
- private:
+  // As Gcra::judge: the answer to reserving tokens that cost `cost_ns`
+  // (see cost_ns()) with the TAT `owed_ns` ahead of now.
+  Decision judge(std::int64_t owed_ns, std::int64_t cost_ns) const;
+  std::uint64_t remaining_when_owed(std::int64_t owed_ns) const;
+  // What `tokens` push the TAT forward by.
   std::int64_t cost_ns(std::uint64_t tokens) const;
+
+ private:
   std::uint64_t tokens_for(std::int64_t ns) const;
 
   std::uint64_t limit_;

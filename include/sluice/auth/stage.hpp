@@ -65,6 +65,17 @@ struct RateHeaders {
 // that long is never early.
 void append_openai_duration(std::string& out, Nanos duration);
 
+// What a shared state backend (state.backend: redis) found for one
+// admission: which check refused it, if any, and how far ahead of now each
+// budget's TAT stood before this request. AuthStage::conclude_shared turns
+// it into the same answer the local limits would give.
+struct SharedVerdict {
+  enum class Refused { none, max_parallel, rpm, tpm };
+  Refused refused = Refused::none;
+  std::int64_t rpm_owed_ns = 0;
+  std::int64_t tpm_owed_ns = 0;
+};
+
 // The answer to one request. When allowed, it holds a ticket (a parallel
 // slot and the token reservation) that AuthStage::complete() settles.
 //
@@ -88,6 +99,12 @@ struct Admission {
   ~Admission();
 
   bool allowed() const { return !error.has_value(); }
+  // Key and model are checked, the limits are left to a shared backend:
+  // see AuthStage::conclude_shared and take_local_limits.
+  bool limits_pending() const { return limits_pending_; }
+  // The tokens charged up front against the key's tpm (capped at a
+  // minute's worth); with a shared backend, also what it was asked for.
+  std::uint64_t reserved_tokens() const { return reserved_tokens_; }
 
   // The rate headers and, with a 429, "Retry-After: N\r\n".
   void append_headers(std::string& out) const;
@@ -99,6 +116,7 @@ struct Admission {
   KeyLimits* limits_ = nullptr;  // set while a ticket is held
   std::uint64_t reserved_tokens_ = 0;
   mutable bool completed_ = false;
+  bool limits_pending_ = false;
 };
 
 // Built per config snapshot, like router::Router; `previous` carries the
@@ -130,12 +148,24 @@ class AuthStage {
   void complete(const Admission& admission, std::optional<std::uint64_t> actual_tokens,
                 TimePoint now) const;
 
+  // With a shared state backend, admit() checks the key and the model and
+  // leaves the limits pending. The backend then either decides (its
+  // verdict, concluded here into the headers and the 429 the local limits
+  // would give) or is away, and the request takes this instance's own
+  // limits (state.on_unavailable: local).
+  void conclude_shared(Admission& admission, const SharedVerdict& verdict) const;
+  void take_local_limits(Admission& admission, TimePoint now) const;
+  bool limits_shared() const { return limits_shared_; }
+
   bool enabled() const { return enabled_; }
   const KeyStore& keys() const { return store_; }
   const LimiterRegistry& limiters() const { return registry_; }
 
  private:
+  KeyLimits& limits_of(const KeyPolicy& key) const;
+
   bool enabled_;
+  bool limits_shared_;
   KeyStore store_;
   LimiterRegistry registry_;
   std::vector<KeyLimits*> limits_by_key_;  // parallel to store_.keys()

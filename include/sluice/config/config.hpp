@@ -280,6 +280,41 @@ struct Auth {
   bool enabled() const { return !disabled && !keys.empty(); }
 };
 
+// Where limits, cooldowns and the exact cache live (YAML `state`). Taken at
+// start: a reload keeps the running backend.
+struct RedisState {
+  enum class Transport { tcp, tls, unix_socket };
+  std::string url;  // as written, for messages; never holds the password
+  Transport transport = Transport::tcp;
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 6379;
+  std::string socket_path;  // unix_socket only
+  unsigned database = 0;
+  std::string username;  // ACL user; "" = the default user
+  std::string password;  // "" = no AUTH
+  std::string key_prefix = "sluice:";
+  Duration timeout{50};  // per operation
+
+  bool operator==(const RedisState&) const = default;
+};
+
+struct State {
+  enum class Backend { local, redis };
+  // What a request gets while Redis does not answer: the instance's own
+  // limits, or 503 overloaded.
+  enum class OnUnavailable { local, deny };
+  Backend backend = Backend::local;
+  RedisState redis;
+  OnUnavailable on_unavailable = OnUnavailable::local;
+
+  bool shared() const { return backend == Backend::redis; }
+  bool operator==(const State&) const = default;
+};
+
+// Parses "redis://[[user]:password@]host[:port][/db]", "rediss://..." and
+// "unix:///path[?db=N]" into `into`; false with the reason in `why`.
+bool parse_redis_url(const std::string& text, RedisState& into, std::string& why);
+
 struct Config {
   Server server;
   Upstream upstream;
@@ -287,6 +322,7 @@ struct Config {
   Log log;
   Budgets budgets;
   Auth auth;
+  State state;
   std::vector<Model> models;
 
   // Index into models by public name, built by load.

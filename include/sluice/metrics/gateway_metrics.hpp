@@ -47,6 +47,8 @@ struct GatewayMetricsSources {
   std::function<void(std::vector<DeploymentDeadlines>& out)> deployment_deadlines;
   // Deployments with `max_parallel: auto` only.
   std::function<void(std::vector<DeploymentLimit>& out)> concurrency_limits;
+  // Whether the shared state backend answers; empty with the local one.
+  std::function<bool()> state_backend_up;
 };
 
 // Series labelled by a public model name.

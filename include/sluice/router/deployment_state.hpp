@@ -138,6 +138,14 @@ class DeploymentState {
   // record_failure, without counting a second attempt.
   void record_midstream_failure(const config::Cooldown& policy, TimePoint now);
 
+  // For cooldowns shared between instances: keeps the deployment cooled
+  // down until at least `until` (a later local cooldown stands), ends a
+  // cooldown now so that this instance's next request is the probe, or ends
+  // it altogether because another instance's probe succeeded.
+  void hold_cooldown_until(TimePoint until);
+  void end_cooldown_for_probe(TimePoint now);
+  void end_cooldown();
+
   // Whether try_take_rpm would succeed right now; takes nothing.
   bool rpm_available(unsigned rpm, TimePoint now) const;
 

@@ -28,6 +28,12 @@ struct CacheStep {
 
   // Filled by the proxy while it relays the answer: the upstream body as read.
   std::string captured;
+
+  // Exact mode with the shared state backend up: the entry lives in Redis
+  // under `shared_key` instead, for the model's ttl.
+  WorkerState* shared = nullptr;
+  std::unique_ptr<std::string> shared_key;  // only ever made with the redis backend
+  std::chrono::milliseconds ttl{0};
 };
 
 // Whether the model has a cache: only then does the lookup run (a

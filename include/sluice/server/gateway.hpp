@@ -23,6 +23,8 @@
 #include "sluice/protocol/adapter.hpp"
 #include "sluice/router/router.hpp"
 #include "sluice/server/event_loop.hpp"
+#include "sluice/server/shared_state.hpp"
+#include "sluice/state/redis_client.hpp"
 #include "sluice/stream/relay.hpp"
 #include "sluice/upstream/client.hpp"
 #include "sluice/upstream/transports.hpp"
@@ -96,6 +98,8 @@ class Worker {
   // The default transport (HTTP/1.1 over pool()).
   upstream::Transport& client() { return transports_[upstream::default_transport()]; }
   upstream::Pool& pool() { return pool_; }
+  // This worker's part of the shared state backend; null with the local one.
+  WorkerState* shared_state() { return shared_state_.get(); }
   Gateway& gateway() { return gateway_; }
   unsigned index() const { return index_; }
   std::uint64_t next_random();
@@ -161,6 +165,8 @@ class Worker {
   // Only the scheduler locks, because other threads post to it.
   boost::asio::io_context context_{static_cast<int>(BOOST_ASIO_CONCURRENCY_HINT_ID |
                                                     BOOST_ASIO_CONCURRENCY_HINT_LOCKING_SCHEDULER)};
+  // After the context: its socket and timers go before the context does.
+  std::unique_ptr<WorkerState> shared_state_;
   Xorshift64Star random_;  // per worker: no shared state on the request path
   EventLoopCounters loop_counters_;
   std::thread thread_;
@@ -223,6 +229,8 @@ class Gateway {
   ReloadOutcome reload();
   upstream::DnsCache& dns() { return dns_; }
   upstream::TlsContexts& tls() { return tls_; }
+  // Whether the shared state backend answers; null with the local backend.
+  state::BackendStatus* state_status() const { return state_status_.get(); }
   std::vector<std::unique_ptr<Worker>>& workers() { return workers_; }
 
  private:
@@ -239,6 +247,7 @@ class Gateway {
   std::shared_ptr<const Snapshot> snapshot_;
   upstream::DnsCache dns_;
   upstream::TlsContexts tls_;
+  std::unique_ptr<state::BackendStatus> state_status_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
   // The admin listener has a thread of its own, so rendering metrics or

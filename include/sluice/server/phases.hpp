@@ -19,6 +19,12 @@ Next resolve(RequestContext& context, RequestJob& job);
 // a key (authorize.cpp).
 Next authorize(RequestContext& context, RequestJob& job);
 
+// The key's limits in the shared state backend, when authorize left them
+// pending (state.backend redis); the local limits or a 503 while it is away
+// (shared_limits.cpp). Returns `next`, or answer_here for a refusal.
+boost::asio::awaitable<Next> take_shared_limits(RequestContext& context, RequestJob& job,
+                                                Next next);
+
 // The model the rules chose and what shaping changed, made known to the
 // client (shape.cpp).
 Next shape(RequestContext& context, RequestJob& job);
@@ -34,6 +40,11 @@ boost::asio::awaitable<bool> forward(RequestContext& context, RequestJob& job);
 // The gateway's own answers: refusals, /health, the model lists
 // (respond.cpp).
 boost::asio::awaitable<bool> respond_here(RequestContext& context, RequestJob& job);
+
+// What account settles in the shared backend: the tokens the request
+// really spent, and its max_parallel permit (shared_limits.cpp).
+void settle_shared_limits(RequestContext& context, RequestJob& job,
+                          std::optional<std::uint64_t> tokens_spent);
 
 // Settles the admission, and counts the request in the metrics and the
 // access log (account.cpp).

@@ -9,6 +9,7 @@
 #include "sluice/server/cache_lookup.hpp"
 #include "sluice/server/forwarded_request.hpp"
 #include "sluice/server/resolve.hpp"
+#include "sluice/server/shared_state.hpp"
 
 // What one request carries from phase to phase, from resolve to account.
 namespace sluice::server {
@@ -33,6 +34,10 @@ struct RequestJob {
   Route route;
   Resolution resolution;  // a proxied request's body, once resolved
   auth::Admission admission;
+  // With state.backend redis: the request was admitted by the shared
+  // limits (so account settles there), and the permit it holds, if any.
+  bool shared_admitted = false;
+  std::unique_ptr<SharedLease> shared_lease;  // only ever made with the redis backend
   CacheStep cache_step;
   ForwardingStorage forwarding_storage;
   ForwardedRequest forwarded;

@@ -1,0 +1,44 @@
+#pragma once
+
+#include "sluice/state/redis_client.hpp"
+
+// The Lua scripts that keep limits in Redis. Each runs atomically on the
+// server, reads the time from Redis itself (one clock for every instance),
+// and stores a TAT as the decimal nanoseconds since the epoch. Lua numbers
+// are doubles, exact to 2^53, so the scripts only ever add and compare
+// differences from now (seconds and nanoseconds apart), never whole epoch
+// nanoseconds; the divisions of the GCRA are left to auth::Gcra and
+// auth::TokenBucket in C++, fed the TATs the scripts report.
+namespace sluice::state {
+
+// KEYS: rpm TAT, tpm TAT, parallel leases (a sorted set: lease -> expiry ms).
+// ARGV: interval ns (0 = no rpm), window ns, tpm limited (0|1), the
+// estimate's cost in ns (0 = reserves nothing), max_parallel (0 = none),
+// lease id, lease TTL ms.
+// Returns {refused, rpm owed ns, tpm owed ns}: refused 0 = admitted (and
+// charged, lease taken), 1 = max_parallel, 2 = rpm, 3 = tpm; the owed
+// values are how far each TAT stood ahead of now before this request.
+const Script& admit_script();
+
+// KEYS: tpm TAT. ARGV: ns to add (negative gives back), most debt in ns.
+const Script& settle_script();
+
+// KEYS: lease sets, one per lease. ARGV: TTL ms, then the lease ids in the
+// same order. Pushes each lease still held TTL ms past now.
+const Script& renew_script();
+
+// Cooldowns, one hash per deployment ({until, probe, probe_at}, in Redis's
+// milliseconds). KEYS: that hash.
+// ARGV: "set", ms: cooled down for ms from now (a later end stands); any
+// probe claim is cleared, the next end needs a new probe.
+// ARGV: "ok": the probe succeeded, the deployment is back everywhere.
+const Script& cooldown_script();
+
+// KEYS: the deployments' cooldown hashes. ARGV: instance id, probe
+// timeout ms. Returns {state, ms} per key: 0 not cooled down; 1 cooled
+// down for ms more; 2 the cooldown is over and this instance probes (the
+// claim is taken here, once, across all instances); 3 another instance
+// probes. A claim older than the probe timeout passes to the next poller.
+const Script& cooldown_poll_script();
+
+}  // namespace sluice::state

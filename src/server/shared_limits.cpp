@@ -1,0 +1,134 @@
+#include <array>
+#include <string>
+
+#include "sluice/server/phases.hpp"
+#include "sluice/state/limit_scripts.hpp"
+
+namespace sluice::server {
+
+namespace net = boost::asio;
+
+namespace {
+
+// The most a key's tokens may owe in Redis: 2^52 ns (about 52 days), where
+// the scripts' doubles are still exact. The local bucket's cap is a year,
+// which no sane budget reaches either.
+constexpr std::int64_t kMostSharedDebtNs = std::int64_t{1} << 52;
+
+// A key's budgets in Redis, tagged by the key's name so that they share a
+// Cluster slot, and named with their limit: a key whose limit changes
+// starts afresh, as its local budgets do on a reload.
+std::string budget_key(const config::State& settings, const auth::KeyPolicy& key,
+                       std::string_view what, std::uint64_t limit) {
+  std::string name = state::tagged_key(settings.redis.key_prefix, "key:" + key.name, ":");
+  name.append(what).append(":").append(std::to_string(limit));
+  return name;
+}
+
+std::optional<auth::SharedVerdict> verdict_of(const std::optional<state::Reply>& reply) {
+  if (!reply || reply->type != state::Reply::Type::array || reply->elements.size() != 3) {
+    return std::nullopt;
+  }
+  for (const auto& element : reply->elements) {
+    if (element.type != state::Reply::Type::integer) return std::nullopt;
+  }
+  auth::SharedVerdict verdict;
+  switch (reply->elements[0].integer) {
+    case 0:
+      verdict.refused = auth::SharedVerdict::Refused::none;
+      break;
+    case 1:
+      verdict.refused = auth::SharedVerdict::Refused::max_parallel;
+      break;
+    case 2:
+      verdict.refused = auth::SharedVerdict::Refused::rpm;
+      break;
+    case 3:
+      verdict.refused = auth::SharedVerdict::Refused::tpm;
+      break;
+    default:
+      return std::nullopt;
+  }
+  verdict.rpm_owed_ns = reply->elements[1].integer;
+  verdict.tpm_owed_ns = reply->elements[2].integer;
+  return verdict;
+}
+
+}  // namespace
+
+net::awaitable<Next> take_shared_limits(RequestContext& context, RequestJob& job, Next next) {
+  const auth::AuthStage& stage = *context.snapshot->auth;
+  auth::Admission& admission = job.admission;
+  const auth::KeyPolicy& key = *admission.key;
+  const config::ApiKeyLimits& limits = key.limits;
+  WorkerState* shared = context.worker.shared_state();
+
+  std::optional<auth::SharedVerdict> verdict;
+  if (limits.rpm == 0 && limits.tpm == 0 && limits.max_parallel == 0) {
+    verdict.emplace();  // nothing to count, anywhere
+  } else if (shared != nullptr && shared->redis().up()) {
+    const config::State& settings = shared->settings();
+    const auth::KeyLimits* live = stage.limiters().find(key.name);
+    const std::uint64_t estimate = admission.reserved_tokens();
+    std::array<std::string, 3> keys{budget_key(settings, key, "rpm", limits.rpm),
+                                    budget_key(settings, key, "tpm", limits.tpm),
+                                    budget_key(settings, key, "par", limits.max_parallel)};
+    std::string lease_id = limits.max_parallel > 0 ? shared->next_lease_id() : std::string();
+    std::array<std::string, 7> args{
+        std::to_string(live->requests.interval_ns()),
+        std::to_string(live->requests.window_ns()),
+        limits.tpm > 0 ? "1" : "0",
+        std::to_string(limits.tpm > 0 && estimate > 0 ? live->tokens.cost_ns(estimate) : 0),
+        std::to_string(limits.max_parallel),
+        lease_id,
+        std::to_string(kLeaseTtl.count())};
+    std::array<std::string_view, 3> key_views{keys[0], keys[1], keys[2]};
+    std::array<std::string_view, 7> arg_views{args[0], args[1], args[2], args[3],
+                                              args[4], args[5], args[6]};
+    auto reply = co_await shared->redis().eval(state::admit_script(), key_views, arg_views);
+    verdict = verdict_of(reply);
+    if (verdict && verdict->refused == auth::SharedVerdict::Refused::none &&
+        limits.max_parallel > 0) {
+      job.shared_lease = std::make_unique<SharedLease>();
+      job.shared_lease->set = std::move(keys[2]);
+      job.shared_lease->id = std::move(lease_id);
+      shared->hold(*job.shared_lease);
+    }
+  }
+
+  if (verdict) {
+    stage.conclude_shared(admission, *verdict);
+    job.shared_admitted = admission.allowed();
+  } else if (shared != nullptr &&
+             shared->settings().on_unavailable == config::State::OnUnavailable::deny) {
+    co_return job.refuse(ApiError::overloaded(
+        "The gateway's shared rate limits are unavailable. Please try again shortly."));
+  } else {
+    stage.take_local_limits(admission, context.body_read);
+  }
+  admission.append_headers(context.response_fields);
+  if (!admission.allowed()) co_return job.refuse(*admission.error);
+  co_return next;
+}
+
+void settle_shared_limits(RequestContext& context, RequestJob& job,
+                          std::optional<std::uint64_t> tokens_spent) {
+  WorkerState* shared = context.worker.shared_state();
+  if (shared == nullptr) return;
+  job.shared_admitted = false;
+  if (job.shared_lease && job.shared_lease->held()) shared->release(*job.shared_lease);
+  const auth::Admission& admission = job.admission;
+  const auth::KeyPolicy& key = *admission.key;
+  const std::uint64_t reserved = admission.reserved_tokens();
+  if (key.limits.tpm == 0 || !tokens_spent || *tokens_spent == reserved) return;
+  const auth::KeyLimits* live = context.snapshot->auth->limiters().find(key.name);
+  // Difference of the two costs, as TokenBucket::settle charges it.
+  const std::int64_t delta = live->tokens.cost_ns(*tokens_spent) - live->tokens.cost_ns(reserved);
+  std::string tpm_key = budget_key(shared->settings(), key, "tpm", key.limits.tpm);
+  std::array<std::string, 2> args{std::to_string(delta), std::to_string(kMostSharedDebtNs)};
+  std::array<std::string_view, 1> keys{tpm_key};
+  std::array<std::string_view, 2> arg_views{args[0], args[1]};
+  shared->redis().send_eval(state::settle_script(), keys, arg_views);
+}
+
+}  // namespace sluice::server

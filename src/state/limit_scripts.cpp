@@ -1,0 +1,139 @@
+#include "sluice/state/limit_scripts.hpp"
+
+namespace sluice::state {
+namespace {
+
+// Shared by the scripts: the time, and a TAT read as "ns ahead of now" and
+// written back as "now + ns". fmod is exact, so the split into seconds and
+// nanoseconds loses nothing.
+constexpr const char* kClock = R"lua(
+local t = redis.call('TIME')
+local now_s = tonumber(t[1])
+local now_n = tonumber(t[2]) * 1000
+local now_ms = now_s * 1000 + math.floor(now_n / 1000000)
+local function owed(key)
+  local v = redis.call('GET', key)
+  if not v then return 0 end
+  local d = (tonumber(string.sub(v, 1, -10)) - now_s) * 1000000000 +
+            (tonumber(string.sub(v, -9)) - now_n)
+  if d < 0 then return 0 end
+  return d
+end
+local function store(key, ahead)
+  local n = now_n + ahead
+  local r = math.fmod(n, 1000000000)
+  redis.call('SET', key, string.format('%d%09d', now_s + (n - r) / 1000000000, r),
+             'PX', math.floor(ahead / 1000000) + 1000)
+end
+)lua";
+
+std::string with_clock(std::string_view body) {
+  std::string source(kClock);
+  source.append(body);
+  return source;
+}
+
+}  // namespace
+
+const Script& admit_script() {
+  static const Script script(with_clock(R"lua(
+local interval = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local tpm_on = ARGV[3] == '1'
+local cost = tonumber(ARGV[4])
+local max_parallel = tonumber(ARGV[5])
+local rpm_owed = 0
+if interval > 0 then rpm_owed = owed(KEYS[1]) end
+local tpm_owed = 0
+if tpm_on then tpm_owed = owed(KEYS[2]) end
+if max_parallel > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
+  if redis.call('ZCARD', KEYS[3]) >= max_parallel then return {1, rpm_owed, tpm_owed} end
+end
+if interval > 0 and rpm_owed + interval > window then return {2, rpm_owed, tpm_owed} end
+if tpm_on and cost > 0 and tpm_owed >= 60000000000 then return {3, rpm_owed, tpm_owed} end
+if interval > 0 then store(KEYS[1], rpm_owed + interval) end
+if tpm_on and cost > 0 then store(KEYS[2], tpm_owed + cost) end
+if max_parallel > 0 then
+  local ttl = tonumber(ARGV[7])
+  redis.call('ZADD', KEYS[3], now_ms + ttl, ARGV[6])
+  redis.call('PEXPIRE', KEYS[3], ttl)
+end
+return {0, rpm_owed, tpm_owed}
+)lua"));
+  return script;
+}
+
+const Script& settle_script() {
+  static const Script script(with_clock(R"lua(
+local next = owed(KEYS[1]) + tonumber(ARGV[1])
+if next < 0 then next = 0 end
+local most = tonumber(ARGV[2])
+if next > most then next = most end
+store(KEYS[1], next)
+return next
+)lua"));
+  return script;
+}
+
+const Script& renew_script() {
+  static const Script script(with_clock(R"lua(
+local ttl = tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  if redis.call('ZSCORE', key, ARGV[i + 1]) then
+    redis.call('ZADD', key, now_ms + ttl, ARGV[i + 1])
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
+return 0
+)lua"));
+  return script;
+}
+
+const Script& cooldown_script() {
+  static const Script script(with_clock(R"lua(
+if ARGV[1] == 'ok' then
+  redis.call('DEL', KEYS[1])
+  return 0
+end
+local ends = now_ms + tonumber(ARGV[2])
+local current = tonumber(redis.call('HGET', KEYS[1], 'until') or '0')
+if current > ends then ends = current end
+redis.call('HSET', KEYS[1], 'until', ends)
+redis.call('HDEL', KEYS[1], 'probe', 'probe_at')
+redis.call('PEXPIRE', KEYS[1], ends - now_ms + 600000)
+return 0
+)lua"));
+  return script;
+}
+
+const Script& cooldown_poll_script() {
+  static const Script script(with_clock(R"lua(
+local out = {}
+local timeout = tonumber(ARGV[2])
+for _, key in ipairs(KEYS) do
+  local fields = redis.call('HMGET', key, 'until', 'probe', 'probe_at')
+  if not fields[1] then
+    table.insert(out, 0)
+    table.insert(out, 0)
+  elseif now_ms < tonumber(fields[1]) then
+    table.insert(out, 1)
+    table.insert(out, tonumber(fields[1]) - now_ms)
+  elseif fields[2] == ARGV[1] then
+    table.insert(out, 2)
+    table.insert(out, 0)
+  elseif fields[2] and now_ms - tonumber(fields[3]) < timeout then
+    table.insert(out, 3)
+    table.insert(out, 0)
+  else
+    redis.call('HSET', key, 'probe', ARGV[1], 'probe_at', now_ms)
+    table.insert(out, 2)
+    table.insert(out, 0)
+  end
+end
+return out
+)lua"));
+  return script;
+}
+
+}  // namespace sluice::state

@@ -1,0 +1,450 @@
+#include "sluice/state/redis_client.hpp"
+
+#include <hiredis/hiredis.h>
+#include <openssl/evp.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <array>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+
+namespace sluice::state {
+
+namespace net = boost::asio;
+using net::as_tuple;
+using net::use_awaitable;
+
+namespace {
+
+constexpr std::chrono::milliseconds kBackoffBase{100};
+constexpr std::chrono::milliseconds kBackoffMax{5000};
+constexpr std::size_t kReadSize = 16 * 1024;
+
+Reply to_reply(const redisReply& raw) {
+  Reply reply;
+  switch (raw.type) {
+    case REDIS_REPLY_STRING:
+      reply.type = Reply::Type::string;
+      reply.text.assign(raw.str, raw.len);
+      break;
+    case REDIS_REPLY_STATUS:
+      reply.type = Reply::Type::status;
+      reply.text.assign(raw.str, raw.len);
+      break;
+    case REDIS_REPLY_ERROR:
+      reply.type = Reply::Type::error;
+      reply.text.assign(raw.str, raw.len);
+      break;
+    case REDIS_REPLY_INTEGER:
+      reply.type = Reply::Type::integer;
+      reply.integer = raw.integer;
+      break;
+    case REDIS_REPLY_ARRAY:
+      reply.type = Reply::Type::array;
+      reply.elements.reserve(raw.elements);
+      for (std::size_t i = 0; i < raw.elements; ++i) {
+        reply.elements.push_back(to_reply(*raw.element[i]));
+      }
+      break;
+    default:
+      reply.type = Reply::Type::nil;
+  }
+  return reply;
+}
+
+void append_command(std::string& out, std::span<const std::string_view> args) {
+  std::array<const char*, 16> small_argv;
+  std::array<std::size_t, 16> small_lengths;
+  std::vector<const char*> large_argv;
+  std::vector<std::size_t> large_lengths;
+  const char** argv = small_argv.data();
+  std::size_t* lengths = small_lengths.data();
+  if (args.size() > small_argv.size()) {
+    large_argv.resize(args.size());
+    large_lengths.resize(args.size());
+    argv = large_argv.data();
+    lengths = large_lengths.data();
+  }
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    argv[i] = args[i].data();
+    lengths[i] = args[i].size();
+  }
+  char* formatted = nullptr;
+  int length = redisFormatCommandArgv(&formatted, static_cast<int>(args.size()), argv, lengths);
+  if (length > 0) out.append(formatted, static_cast<std::size_t>(length));
+  redisFreeCommand(formatted);
+}
+
+std::vector<std::string_view> eval_arguments(std::string_view verb, std::string_view script,
+                                             std::span<const std::string_view> keys,
+                                             std::span<const std::string_view> args,
+                                             std::string& key_count) {
+  key_count = std::to_string(keys.size());
+  std::vector<std::string_view> all;
+  all.reserve(3 + keys.size() + args.size());
+  all.push_back(verb);
+  all.push_back(script);
+  all.push_back(key_count);
+  all.insert(all.end(), keys.begin(), keys.end());
+  all.insert(all.end(), args.begin(), args.end());
+  return all;
+}
+
+bool is_noscript(const std::optional<Reply>& reply) {
+  return reply && reply->is_error() && reply->text.starts_with("NOSCRIPT");
+}
+
+}  // namespace
+
+Script::Script(std::string text) : source(std::move(text)) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_Digest(source.data(), source.size(), digest, &length, EVP_sha1(), nullptr);
+  static constexpr char kDigits[] = "0123456789abcdef";
+  for (unsigned i = 0; i < length; ++i) {
+    sha1 += kDigits[digest[i] >> 4];
+    sha1 += kDigits[digest[i] & 0xf];
+  }
+}
+
+std::string tagged_key(std::string_view prefix, std::string_view tag, std::string_view suffix) {
+  std::string key;
+  key.reserve(prefix.size() + tag.size() + suffix.size() + 2);
+  key.append(prefix).append("{").append(tag).append("}").append(suffix);
+  return key;
+}
+
+// ---------------------------------------------------------------------------
+// BackendStatus
+
+BackendStatus::BackendStatus(unsigned connections, std::string url)
+    : connections_(connections), url_(std::move(url)) {}
+
+std::string BackendStatus::last_error() const {
+  std::lock_guard lock(error_mutex_);
+  return up() ? std::string() : last_error_;
+}
+
+void BackendStatus::connected() {
+  if (up_.fetch_add(1, std::memory_order_relaxed) + 1 == connections_ &&
+      reported_down_.exchange(false, std::memory_order_relaxed)) {
+    spdlog::info("state: Redis at {} answers again; limits, cooldowns and the cache are shared",
+                 url_);
+  }
+}
+
+void BackendStatus::disconnected(const std::string& why) {
+  up_.fetch_sub(1, std::memory_order_relaxed);
+  attempt_failed(why);
+}
+
+void BackendStatus::attempt_failed(const std::string& why) {
+  {
+    std::lock_guard lock(error_mutex_);
+    last_error_ = why;
+  }
+  if (!reported_down_.exchange(true, std::memory_order_relaxed)) {
+    spdlog::warn(
+        "state: Redis at {} is unavailable ({}); each instance uses its own state until "
+        "it answers again",
+        url_, why);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// RedisClient
+
+RedisClient::RedisClient(net::io_context& context, const config::RedisState& settings,
+                         BackendStatus& status, std::uint64_t seed)
+    : context_(context),
+      settings_(settings),
+      status_(status),
+      random_(seed),
+      backoff_(context),
+      reader_done_(context) {}
+
+RedisClient::~RedisClient() = default;
+
+void RedisClient::start() { net::co_spawn(context_, run(), net::detached); }
+
+void RedisClient::stop() {
+  stopped_ = true;
+  backoff_.cancel();
+  drop_connection();
+}
+
+void RedisClient::drop_connection() {
+  if (socket_ && socket_->is_open()) {
+    boost::system::error_code ignored;
+    socket_->shutdown(Socket::shutdown_both, ignored);
+    socket_->close(ignored);
+  }
+}
+
+void RedisClient::fail_pending() {
+  auto pending = std::move(pending_);
+  pending_.clear();
+  for (auto& each : pending) {
+    each->done = true;
+    if (each->waiter != nullptr) each->waiter->cancel();
+  }
+}
+
+net::awaitable<void> RedisClient::run() {
+  // The first failure of a run of them is logged as a warning (through the
+  // status), later ones only at debug: a Redis away for an hour is one line.
+  unsigned failures = 0;
+  while (!stopped_) {
+    std::optional<std::string> failure = co_await connect();
+    if (!failure) failure = co_await handshake();
+    if (!failure) {
+      failures = 0;
+      ready_ = true;
+      status_.connected();
+      if (open_) {
+        reader_done_.expires_at(std::chrono::steady_clock::time_point::max());
+        co_await reader_done_.async_wait(as_tuple(use_awaitable));
+      }
+      ready_ = false;
+      if (stopped_) break;  // shutting down: not an outage to report
+      status_.disconnected(last_failure_.empty() ? "connection lost" : last_failure_);
+    } else {
+      drop_connection();
+      if (open_) {
+        reader_done_.expires_at(std::chrono::steady_clock::time_point::max());
+        co_await reader_done_.async_wait(as_tuple(use_awaitable));
+      }
+      if (failures == 0) {
+        status_.attempt_failed(*failure);
+      } else {
+        spdlog::debug("state: Redis at {}: {}", settings_.url, *failure);
+      }
+    }
+    if (stopped_) break;
+    // Exponential backoff with jitter, so that every worker of every
+    // instance does not knock on a restarted Redis in the same millisecond.
+    auto ceiling = std::min<std::chrono::milliseconds>(
+        kBackoffMax, kBackoffBase * (1u << std::min(failures, 6u)));
+    auto half = ceiling.count() / 2;
+    auto delay = std::chrono::milliseconds(half + static_cast<long>(random_() % (half + 1)));
+    ++failures;
+    backoff_.expires_after(delay);
+    co_await backoff_.async_wait(as_tuple(use_awaitable));
+  }
+}
+
+net::awaitable<std::optional<std::string>> RedisClient::connect() {
+  last_failure_.clear();
+  socket_ = std::make_unique<Socket>(context_);
+  net::steady_timer deadline(context_, std::max<std::chrono::milliseconds>(
+                                           settings_.timeout, std::chrono::milliseconds(1000)));
+  bool expired = false;
+  deadline.async_wait([this, &expired](boost::system::error_code ec) {
+    if (ec) return;
+    expired = true;
+    drop_connection();
+  });
+  boost::system::error_code ec;
+  if (settings_.transport == config::RedisState::Transport::unix_socket) {
+    net::local::stream_protocol::endpoint endpoint(settings_.socket_path);
+    std::tie(ec) = co_await socket_->async_connect(endpoint, as_tuple(use_awaitable));
+  } else if (settings_.transport == config::RedisState::Transport::tls) {
+    deadline.cancel();
+    co_return "rediss:// (TLS) is not supported by this build";
+  } else {
+    net::ip::tcp::resolver resolver(context_);
+    auto port = std::to_string(settings_.port);
+    auto [resolve_ec, results] =
+        co_await resolver.async_resolve(settings_.host, port, as_tuple(use_awaitable));
+    ec = resolve_ec;
+    if (!ec) {
+      ec = net::error::host_not_found;
+      for (const auto& entry : results) {
+        net::generic::stream_protocol::endpoint endpoint(entry.endpoint());
+        if (socket_->is_open()) socket_->close(ec);
+        std::tie(ec) = co_await socket_->async_connect(endpoint, as_tuple(use_awaitable));
+        if (!ec || expired) break;
+      }
+    }
+    if (!ec) {
+      boost::system::error_code ignored;
+      socket_->set_option(net::ip::tcp::no_delay(true), ignored);
+    }
+  }
+  deadline.cancel();
+  if (expired) co_return "connecting timed out";
+  if (ec) co_return "cannot connect: " + ec.message();
+  open_ = true;
+  loaded_.clear();
+  net::co_spawn(context_, read_loop(), net::detached);
+  co_return std::nullopt;
+}
+
+net::awaitable<std::optional<std::string>> RedisClient::handshake() {
+  if (!settings_.password.empty()) {
+    std::vector<std::string_view> auth{"AUTH"};
+    if (!settings_.username.empty()) auth.push_back(settings_.username);
+    auth.push_back(settings_.password);
+    auto reply = co_await exchange(auth);
+    if (!reply) co_return "no answer to AUTH within " + std::to_string(timeout().count()) + "ms";
+    if (reply->is_error()) co_return "authentication refused: " + reply->text;
+  }
+  if (settings_.database != 0) {
+    auto database = std::to_string(settings_.database);
+    std::array<std::string_view, 2> select{"SELECT", database};
+    auto reply = co_await exchange(select);
+    if (!reply) co_return "no answer to SELECT within " + std::to_string(timeout().count()) + "ms";
+    if (reply->is_error()) co_return "SELECT " + database + " refused: " + reply->text;
+  }
+  std::array<std::string_view, 1> ping{"PING"};
+  auto reply = co_await exchange(ping);
+  if (!reply) co_return "no answer to PING within " + std::to_string(timeout().count()) + "ms";
+  // NOAUTH when a password is needed and none is configured.
+  if (reply->is_error()) co_return reply->text;
+  co_return std::nullopt;
+}
+
+net::awaitable<void> RedisClient::read_loop() {
+  std::unique_ptr<redisReader, decltype(&redisReaderFree)> reader(redisReaderCreate(),
+                                                                  &redisReaderFree);
+  std::vector<char> buffer(kReadSize);
+  Socket* socket = socket_.get();
+  for (;;) {
+    auto [ec, n] = co_await socket->async_read_some(net::buffer(buffer), as_tuple(use_awaitable));
+    if (ec) {
+      if (last_failure_.empty()) last_failure_ = "connection lost: " + ec.message();
+      break;
+    }
+    if (redisReaderFeed(reader.get(), buffer.data(), n) != REDIS_OK) break;
+    bool broken = false;
+    for (;;) {
+      void* raw = nullptr;
+      if (redisReaderGetReply(reader.get(), &raw) != REDIS_OK) {
+        last_failure_ = "protocol error in a reply";
+        broken = true;
+        break;
+      }
+      if (raw == nullptr) break;
+      Reply reply = to_reply(*static_cast<redisReply*>(raw));
+      freeReplyObject(raw);
+      if (pending_.empty()) continue;  // a reply nobody asked for: ignore it
+      auto pending = std::move(pending_.front());
+      pending_.pop_front();
+      pending->reply = std::move(reply);
+      pending->done = true;
+      if (pending->waiter != nullptr) pending->waiter->cancel();
+    }
+    if (broken) break;
+  }
+  drop_connection();
+  open_ = false;
+  out_.clear();
+  fail_pending();
+  reader_done_.cancel();
+}
+
+net::awaitable<void> RedisClient::write_loop() {
+  writing_ = true;
+  Socket* socket = socket_.get();
+  while (!out_.empty() && open_ && socket == socket_.get()) {
+    std::swap(out_, sending_);
+    auto [ec, n] =
+        co_await net::async_write(*socket, net::buffer(sending_), as_tuple(use_awaitable));
+    sending_.clear();
+    if (ec) {
+      drop_connection();
+      break;
+    }
+  }
+  writing_ = false;
+}
+
+void RedisClient::enqueue(std::span<const std::string_view> args,
+                          std::shared_ptr<Pending> pending) {
+  append_command(out_, args);
+  pending_.push_back(std::move(pending));
+  if (!writing_) net::co_spawn(context_, write_loop(), net::detached);
+}
+
+net::awaitable<std::optional<Reply>> RedisClient::exchange(std::span<const std::string_view> args) {
+  if (!open_) co_return std::nullopt;
+  auto pending = std::make_shared<Pending>();
+  net::steady_timer timer(context_, settings_.timeout);
+  pending->waiter = &timer;
+  enqueue(args, pending);
+  co_await timer.async_wait(as_tuple(use_awaitable));
+  pending->waiter = nullptr;
+  if (!pending->done) {
+    // A Redis that takes longer than the timeout is stalled or overloaded:
+    // drop the connection so that the requests behind this one find it down
+    // at once instead of each waiting the timeout out.
+    last_failure_ = "no answer within " + std::to_string(timeout().count()) + "ms";
+    drop_connection();
+    co_return std::nullopt;
+  }
+  co_return std::move(pending->reply);
+}
+
+net::awaitable<std::optional<Reply>> RedisClient::command(std::span<const std::string_view> args) {
+  if (!ready_) co_return std::nullopt;
+  co_return co_await exchange(args);
+}
+
+net::awaitable<std::optional<Reply>> RedisClient::eval(const Script& script,
+                                                       std::span<const std::string_view> keys,
+                                                       std::span<const std::string_view> args) {
+  if (!ready_) co_return std::nullopt;
+  std::string key_count;
+  auto by_sha = eval_arguments("EVALSHA", script.sha1, keys, args, key_count);
+  auto reply = co_await exchange(by_sha);
+  if (!is_noscript(reply)) co_return reply;
+  auto in_full = eval_arguments("EVAL", script.source, keys, args, key_count);
+  co_return co_await exchange(in_full);
+}
+
+void RedisClient::send(std::span<const std::string_view> args) {
+  if (!ready_) return;
+  enqueue(args, std::make_shared<Pending>());
+}
+
+void RedisClient::send_eval(const Script& script, std::span<const std::string_view> keys,
+                            std::span<const std::string_view> args) {
+  if (!ready_) return;
+  // Nobody waits to resend it on NOSCRIPT: in full the first time on this
+  // connection, by its digest after that.
+  std::string key_count;
+  const bool loaded = std::find(loaded_.begin(), loaded_.end(), &script) != loaded_.end();
+  auto arguments = loaded ? eval_arguments("EVALSHA", script.sha1, keys, args, key_count)
+                          : eval_arguments("EVAL", script.source, keys, args, key_count);
+  if (!loaded) loaded_.push_back(&script);
+  send(arguments);
+}
+
+std::optional<std::string> RedisClient::probe(const config::RedisState& settings) {
+  net::io_context context;
+  config::RedisState bounded = settings;
+  bounded.timeout = std::max<std::chrono::milliseconds>(settings.timeout, std::chrono::seconds(1));
+  BackendStatus status(1, settings.url);
+  RedisClient client(context, bounded, status, 1);
+  std::optional<std::string> outcome = "no answer";
+  net::co_spawn(
+      context,
+      [&]() -> net::awaitable<void> {
+        outcome = co_await client.connect();
+        if (!outcome) outcome = co_await client.handshake();
+        client.stopped_ = true;
+        client.drop_connection();
+      },
+      net::detached);
+  context.run_for(std::chrono::seconds(5));
+  return outcome;
+}
+
+}  // namespace sluice::state
