@@ -24,7 +24,11 @@ QualityFailure judge_answer(const AnswerFacts& facts, const config::Quality& pol
   if (facts.stalled) return QualityFailure::stalled;
   // Other breaks (reset, cut connection) are failures of their own already.
   if (!facts.complete) return QualityFailure::none;
-  if (facts.stream ? !facts.saw_done : !facts.json_ends_object) return QualityFailure::truncated;
+  // A stream ends with its choice's finish_reason and then [DONE]; a clean
+  // end that misses either was cut short.
+  if (facts.stream ? !(facts.saw_done && facts.saw_finish_reason) : !facts.json_ends_object) {
+    return QualityFailure::truncated;
+  }
   if (facts.completion_tokens && *facts.completion_tokens == 0) return QualityFailure::empty;
   // Stopped "by length" well short of the length asked for: the upstream
   // cut the answer, not the client's limit.

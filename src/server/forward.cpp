@@ -184,6 +184,7 @@ bool guard_answer(RequestContext& context, const ForwardedRequest& inputs,
   if (!judged && !facts.stalled) return false;
   if (!judged) facts.complete = false;  // only the stall is told
   facts.saw_done = outcome.saw_done;
+  facts.saw_finish_reason = outcome.saw_finish_reason;
   facts.json_ends_object = outcome.json_ends_object;
   facts.finish_length = outcome.finish_length;
   if (inputs.max_tokens > 0) facts.max_tokens = inputs.max_tokens;

@@ -12,6 +12,7 @@
 #include "sluice/http/drain_aware_read.hpp"
 #include "sluice/http/eager_write.hpp"
 #include "sluice/http/http_head.hpp"
+#include "sluice/stream/finish_reason.hpp"
 
 namespace sluice::stream {
 
@@ -69,12 +70,6 @@ void keep_tail(std::string& tail, std::string_view piece) {
 bool ends_object(std::string_view body) {
   const auto last = body.find_last_not_of(" \t\r\n");
   return last != std::string_view::npos && body[last] == '}';
-}
-
-// An OpenAI answer stopped by its max_tokens says so in its choice.
-bool mentions_finish_length(std::string_view text) {
-  return text.find(R"("finish_reason":"length")") != std::string_view::npos ||
-         text.find(R"("finish_reason": "length")") != std::string_view::npos;
 }
 
 // Writes a chunk's size line into `text`, which outlives the write.
@@ -178,6 +173,9 @@ class Answer {
   void report_completion();
   std::optional<bool> write_now(std::span<const std::string_view> spans, bool last);
   bool settle();
+  // RelayOptions::inspect_end: the finish_reason of each read, and at the
+  // body's end what they came to.
+  void watch_finish_reason(std::span<const std::string_view> pieces);
 
   Relay::Buffers& buffers_;
   std::optional<SseScanner>& scanner_;
@@ -187,6 +185,7 @@ class Answer {
   upstream::Exchange& exchange_;
   const RelayOptions& options_;
   const std::optional<std::uint64_t> length_;
+  FinishReasonWatch finish_reason_;
   std::uint64_t body_read_ = 0;
   WriteProgress progress_;
   const bool chunked_;
@@ -275,21 +274,16 @@ std::span<const std::string_view> Answer::take_json_pieces(bool read_to_length) 
     // The whole body in one piece (the usual case): its usage is read
     // where it lies, before the next read reuses the buffer.
     outcome.usage = usage_from_json_tail(pieces.front());
-    if (options_.inspect_end) {
-      outcome.json_ends_object = ends_object(pieces.front());
-      outcome.finish_length = mentions_finish_length(pieces.front());
-    }
+    if (options_.inspect_end) outcome.json_ends_object = ends_object(pieces.front());
     json_usage_read_ = true;
   } else {
     for (auto piece : pieces) keep_tail(tail, piece);
   }
   if (body_ended_ && !json_usage_read_) {
     outcome.usage = usage_from_json_tail(tail);
-    if (options_.inspect_end) {
-      outcome.json_ends_object = ends_object(tail);
-      outcome.finish_length = mentions_finish_length(tail);
-    }
+    if (options_.inspect_end) outcome.json_ends_object = ends_object(tail);
   }
+  if (options_.inspect_end) watch_finish_reason(pieces);
   return pieces;
 }
 
@@ -307,9 +301,7 @@ std::span<const std::string_view> Answer::take_event_pieces(std::size_t n) {
         options_.gap_histogram.observe(options_.shard, std::chrono::duration<double>(*gap).count());
       }
     }
-    if (options_.inspect_end && !outcome.finish_length) {
-      for (auto piece : pieces) outcome.finish_length |= mentions_finish_length(piece);
-    }
+    if (options_.inspect_end) watch_finish_reason(pieces);
     // The spans of every piece stay valid until this read is written.
     scanner.feed(pieces.front(), spans);
     for (std::size_t i = 1; i < pieces.size(); ++i) scanner.feed_more(pieces[i], spans);
@@ -319,8 +311,17 @@ std::span<const std::string_view> Answer::take_event_pieces(std::size_t n) {
     outcome.usage = scanner.usage();
     outcome.events = scanner.events();
     outcome.saw_done = scanner.saw_done();
+    if (options_.inspect_end) watch_finish_reason({});
   }
   return spans;
+}
+
+void Answer::watch_finish_reason(std::span<const std::string_view> pieces) {
+  for (auto piece : pieces) finish_reason_.feed(piece);
+  if (body_ended_) {
+    outcome.finish_length = finish_reason_.saw_length();
+    outcome.saw_finish_reason = finish_reason_.saw_reason();
+  }
 }
 
 void Answer::report_completion() {

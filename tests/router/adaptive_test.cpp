@@ -159,12 +159,17 @@ TEST(QualityGuard, JudgesTheAnswersEnd) {
   good.stream = true;
   good.complete = true;
   good.saw_done = true;
+  good.saw_finish_reason = true;
   good.completion_tokens = 12;
   EXPECT_EQ(judge_answer(good, policy), QualityFailure::none);
 
   auto no_done = good;
   no_done.saw_done = false;
   EXPECT_EQ(judge_answer(no_done, policy), QualityFailure::truncated);
+
+  auto no_finish_reason = good;
+  no_finish_reason.saw_finish_reason = false;
+  EXPECT_EQ(judge_answer(no_finish_reason, policy), QualityFailure::truncated);
 
   auto cut_json = good;
   cut_json.stream = false;
@@ -208,6 +213,7 @@ TEST(QualityGuard, SlowTokensOnlyWhenAsked) {
   slow.stream = true;
   slow.complete = true;
   slow.saw_done = true;
+  slow.saw_finish_reason = true;
   slow.completion_tokens = 10;
   slow.streaming_time = 5s;  // 2 tokens a second
   EXPECT_EQ(judge_answer(slow, config::Quality{true, 0}), QualityFailure::none);

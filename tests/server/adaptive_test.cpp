@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/canned_upstream.hpp"
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
 
@@ -198,6 +199,46 @@ TEST(QualityGuard, CutJsonAndEmptyAnswersAreFailures) {
       std::string::npos)
       << metrics;
   EXPECT_NE(metrics.find("sluice_quality_failures_total{deployment=\"empty\",reason=\"empty\"} 1"),
+            std::string::npos)
+      << metrics;
+}
+
+// Streams whose ends only show across reads: a finish_reason "length" split
+// between two of them, well short of the max_tokens asked for, and a [DONE]
+// that no finish_reason came before.
+TEST(QualityGuard, ReadsTheStreamsEndAcrossReads) {
+  const std::string head =
+      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n";
+  const std::string first = R"(data: {"choices":[{"index":0,"delta":{"content":"hi"},)";
+  const std::string usage =
+      "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":5,"
+      "\"total_tokens\":8}}\n\n";
+  CannedUpstream early({head + chunk(first + R"("finish_reason":"len)"),
+                        chunk("gth\"}]}\n\n" + usage + "data: [DONE]\n\n") + chunk("")});
+  CannedUpstream no_reason({head + chunk(first + "\"finish_reason\":null}]}\n\n"),
+                            chunk(usage + "data: [DONE]\n\n") + chunk("")});
+  TestGateway gateway(
+      "router:\n  quality: {}\n  retries: 0\n"
+      "models:\n  - name: early\n    deployments:\n" +
+      deployment_yaml("early", early.base_url()) + "  - name: no-reason\n    deployments:\n" +
+      deployment_yaml("no-reason", no_reason.base_url()));
+  for (const std::string model : {"early", "no-reason"}) {
+    auto answer = http_request(
+        gateway.port(), "POST", "/v1/chat/completions",
+        R"({"model":")" + model +
+            R"(","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"hi"}]})");
+    ASSERT_EQ(answer.status, 200u) << answer.body;
+    // Relayed as it came.
+    EXPECT_NE(answer.body.find("data: [DONE]"), std::string::npos) << answer.body;
+  }
+  const auto metrics = metrics_text(gateway);
+  EXPECT_NE(
+      metrics.find("sluice_quality_failures_total{deployment=\"early\",reason=\"length_early\"} 1"),
+      std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find(
+                "sluice_quality_failures_total{deployment=\"no-reason\",reason=\"truncated\"} 1"),
             std::string::npos)
       << metrics;
 }

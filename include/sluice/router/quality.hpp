@@ -24,6 +24,7 @@ struct AnswerFacts {
   bool complete = false;                           // the upstream body was read to its end
   bool stalled = false;                            // ended by the stall (idle) deadline
   bool saw_done = false;                           // a stream's `data: [DONE]`
+  bool saw_finish_reason = false;                  // a non-null finish_reason
   bool json_ends_object = true;                    // a JSON body's last byte closes its object
   std::optional<std::uint64_t> completion_tokens;  // from the usage, when reported
   bool finish_length = false;                      // finish_reason "length"

@@ -37,8 +37,9 @@ struct RelayOutcome {
   std::size_t events = 0;  // SSE events relayed
   bool saw_done = false;   // a stream's `data: [DONE]` went by
   // Read only with RelayOptions::inspect_end: a JSON body's last non-blank
-  // byte closes an object; a `"finish_reason":"length"` went by.
+  // byte closes an object; a finish_reason went by, and it was "length".
   bool json_ends_object = true;
+  bool saw_finish_reason = false;
   bool finish_length = false;
   // The body outgrew RelayOptions::capture_limit; the capture was dropped.
   bool capture_overflowed = false;
