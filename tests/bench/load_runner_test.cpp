@@ -107,6 +107,34 @@ TEST(LoadRunner, RampStartsClosedLoopConnectionsEvenlyOverItsDuration) {
   EXPECT_GT(together.ok, 0u);
 }
 
+// Error answers come back at once; a connection told to back off after one
+// sends far fewer in the same time.
+TEST(LoadRunner, PauseAfterErrorSpacesAClosedLoopsRetries) {
+  Behaviour behaviour;
+  behaviour.fail = "503";
+  behaviour.fail_rate = 1.0;
+  auto mock = start_mock(behaviour);
+  LoadOptions options;
+  options.concurrency = 1;
+  options.warmup = 0s;
+  options.duration = 500ms;
+  const RunResult hammering = run(*mock, options);
+  options.pause_after_error = 100ms;
+  const RunResult backing_off = run(*mock, options);
+  EXPECT_EQ(hammering.ok, 0u);
+  EXPECT_GT(hammering.error_count(), 20u);
+  EXPECT_GE(backing_off.error_count(), 3u);
+  EXPECT_LE(backing_off.error_count(), 6u);
+}
+
+TEST(LoadRunner, PauseAfterErrorIsForTheClosedLoopOnly) {
+  LoadOptions options;
+  options.model = "m";
+  options.rate = 100;
+  options.pause_after_error = 1s;
+  EXPECT_THROW(validate(options), UsageError);
+}
+
 TEST(LoadRunner, RampIsForTheClosedLoopOnly) {
   LoadOptions options;
   options.model = "m";

@@ -78,7 +78,8 @@ struct Connection {
   Clock::time_point deadline;
   bool busy = false;
   bool timed_out = false;
-  Clock::time_point job;  // the scheduled start of the request assigned to it
+  bool error_status = false;  // the last answer's status was not 2xx
+  Clock::time_point job;      // the scheduled start of the request assigned to it
   bool has_job = false;
 };
 
@@ -135,6 +136,10 @@ class ThreadRun {
         break;
       }
       co_await exchange(connection, now, /*from_schedule=*/false, measured);
+      if (connection.error_status && options_.pause_after_error > Clock::duration::zero()) {
+        asio::steady_timer backoff(io_, options_.pause_after_error);
+        co_await backoff.async_wait(use_tuple);
+      }
     }
     close(connection);
   }
@@ -261,6 +266,7 @@ class ThreadRun {
                            bool measured) {
     connection.deadline = Clock::now() + options_.timeout;
     connection.timed_out = false;
+    connection.error_status = false;
     connection.busy = true;
     if (!connection.socket.is_open() && !co_await connect(connection)) {
       connection.busy = false;
@@ -363,6 +369,7 @@ class ThreadRun {
 
     const unsigned status = parser.status();
     if (status / 100 != 2) {
+      connection.error_status = true;
       if (measured) {
         count_error(status / 100 == 4   ? ErrorKind::http_4xx
                     : status / 100 == 5 ? ErrorKind::http_5xx

@@ -40,6 +40,9 @@ Load options:
   --warmup DUR           unmeasured time before measuring (default 1s)
   --ramp DUR             closed loop: start the N connections evenly over DUR
                          instead of all at once (e.g. streams out of step)
+  --pause-after-error DUR
+                         closed loop: a connection whose answer had an error status
+                         waits DUR before its next request, as a client backing off
   --timeout DUR          per-request limit (default 30s)
   --header 'k: v', -H    extra request header (repeatable)
   --body-file FILE       send this body instead of a generated one

@@ -185,6 +185,8 @@ bool parse_load_option(ArgumentCursor& cursor, LoadOptions& options) {
     options.warmup = parse_duration_option(name, cursor.value());
   } else if (name == "--ramp") {
     options.ramp = parse_duration_option(name, cursor.value());
+  } else if (name == "--pause-after-error") {
+    options.pause_after_error = parse_duration_option(name, cursor.value());
   } else if (name == "--timeout") {
     options.timeout = parse_duration_option(name, cursor.value());
   } else if (name == "--model") {
@@ -221,6 +223,10 @@ void validate(LoadOptions& options) {
   if (options.timeout <= Clock::duration::zero()) throw UsageError{"--timeout must be positive"};
   if (options.ramp > Clock::duration::zero() && options.open_loop()) {
     throw UsageError{"--ramp staggers closed-loop connections; an open loop has its schedule"};
+  }
+  if (options.pause_after_error > Clock::duration::zero() && options.open_loop()) {
+    throw UsageError{
+        "--pause-after-error delays a closed-loop connection; an open loop has its schedule"};
   }
   // A closed-loop thread without a connection would only idle.
   if (!options.open_loop() && options.threads > options.concurrency) {
@@ -272,6 +278,10 @@ std::string describe(const LoadOptions& options) {
     text << "closed loop, concurrency " << options.concurrency;
     if (options.ramp > Clock::duration::zero()) {
       text << " started over " << format_duration(options.ramp);
+    }
+    if (options.pause_after_error > Clock::duration::zero()) {
+      text << ", pausing " << format_duration(options.pause_after_error)
+           << " after an error status";
     }
   }
   text << (options.stream ? ", streaming" : ", non-streaming");

@@ -44,6 +44,10 @@ struct LoadOptions {
   // Closed loop: connection k of N sends its first request k*ramp/N after
   // the start, so that streams do not run in step.
   Clock::duration ramp{};
+  // Closed loop: after an answer with an error status, the connection waits
+  // this long before its next request, as a client that backs off does
+  // (0: at once).
+  Clock::duration pause_after_error{};
   Clock::duration timeout = std::chrono::seconds(30);
   std::string model;
   std::vector<std::string> headers;  // "name: value"
