@@ -168,8 +168,9 @@ void record_stream_gaps(const AttemptTask& winner, const stream::RelayOutcome& o
 
 // The quality guard (router.quality): whether the answer, though relayed
 // as it came, counts as a failure of its deployment. Only OpenAI chat and
-// text completions relayed as they came are judged: their end ([DONE], a
-// closed object) and usage have one known shape.
+// text completions are judged, as the client gets them (relayed as they
+// came, or translated from another protocol's answer): their end ([DONE]
+// after a finish_reason, a closed object) and usage have one known shape.
 bool guard_answer(RequestContext& context, const ForwardedRequest& inputs,
                   const AttemptTask& winner, const stream::RelayOutcome& outcome,
                   bool passed_through, TimePoint finished_at) {
@@ -179,7 +180,8 @@ bool guard_answer(RequestContext& context, const ForwardedRequest& inputs,
   facts.complete = outcome.complete;
   facts.stalled =
       outcome.upstream_error && outcome.upstream_error->failure == upstream::Failure::idle_timeout;
-  const bool judged = passed_through && exchange.status() == 200 &&
+  const bool openai_answer = passed_through || inputs.dialect == protocol::Dialect::openai;
+  const bool judged = openai_answer && exchange.status() == 200 &&
                       (inputs.endpoint == "/chat/completions" || inputs.endpoint == "/completions");
   if (!judged && !facts.stalled) return false;
   if (!judged) facts.complete = false;  // only the stall is told

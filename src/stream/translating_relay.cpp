@@ -5,6 +5,7 @@
 
 #include "sluice/http/eager_write.hpp"
 #include "sluice/http/http_head.hpp"
+#include "sluice/stream/finish_reason.hpp"
 
 namespace sluice::stream {
 
@@ -100,6 +101,13 @@ net::awaitable<RelayOutcome> TranslatingRelay::relay_body(upstream::Exchange& ex
   std::string body;
   translator.body(upstream_body, body);
   outcome.usage = usage_from_json_tail(body);
+  if (options.inspect_end) {
+    // What the client gets is the translator's whole JSON: judged as one.
+    FinishReasonWatch finish_reason;
+    finish_reason.feed(body);
+    outcome.saw_finish_reason = finish_reason.saw_reason();
+    outcome.finish_length = finish_reason.saw_length();
+  }
   capture(options, body, outcome);
   if (options.on_upstream_complete) options.on_upstream_complete(outcome);
   const auto head = response_head(translator.status(exchange.status()),
@@ -127,6 +135,8 @@ net::awaitable<RelayOutcome> TranslatingRelay::relay_events(upstream::Exchange& 
   auto& buffer = buffers_.copy_buffer();
   std::string pending;  // upstream bytes of an event not yet whole
   std::string out;
+  // RelayOptions::inspect_end: the translated events' finish_reason.
+  FinishReasonWatch finish_reason;
   for (;;) {
     auto read = exchange.read_buffered_body(buffer.data(), buffer.size());
     if (!read) read = co_await exchange.read_body(buffer.data(), buffer.size());
@@ -164,6 +174,7 @@ net::awaitable<RelayOutcome> TranslatingRelay::relay_events(upstream::Exchange& 
     }
     std::string_view payload = out;
     if (!out.empty()) {
+      if (options.inspect_end) finish_reason.feed(out);
       scanner.feed(out, spans);
       if (ended) scanner.finish(spans);
       capture(options, out, outcome);
@@ -177,6 +188,9 @@ net::awaitable<RelayOutcome> TranslatingRelay::relay_events(upstream::Exchange& 
     if (ended) {
       outcome.usage = scanner.usage();
       outcome.events = scanner.events();
+      outcome.saw_done = scanner.saw_done();
+      outcome.saw_finish_reason = finish_reason.saw_reason();
+      outcome.finish_length = finish_reason.saw_length();
       if (options.on_upstream_complete) options.on_upstream_complete(outcome);
     }
     if (!payload.empty() || ended) {

@@ -243,6 +243,55 @@ TEST(QualityGuard, ReadsTheStreamsEndAcrossReads) {
       << metrics;
 }
 
+// An Anthropic stream, as an OpenAI client gets it translated, is judged as
+// that client's answer: stopped by max_tokens well short of the request's,
+// or ended cleanly before message_stop.
+TEST(QualityGuard, JudgesAnswersTranslatedFromAnthropic) {
+  const std::string head =
+      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n";
+  const std::string opening =
+      "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m1\","
+      "\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"usage\":"
+      "{\"input_tokens\":3,\"output_tokens\":1}}}\n\n"
+      "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,"
+      "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"
+      "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,"
+      "\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n";
+  const std::string stopped_by_length =
+      "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":"
+      "{\"stop_reason\":\"max_tokens\"},\"usage\":{\"output_tokens\":5}}\n\n"
+      "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+  CannedUpstream early(head + chunk(opening) + chunk(stopped_by_length) + chunk(""));
+  CannedUpstream cut(head + chunk(opening) + chunk(""));
+  const auto anthropic_model = [](const std::string& name, const CannedUpstream& upstream) {
+    std::string origin = upstream.base_url();
+    origin.erase(origin.rfind("/v1"));
+    return "  - name: " + name + "\n    deployments:\n      - id: " + name +
+           "\n        provider: anthropic\n        base_url: " + origin +
+           "\n        model: claude-upstream\n        api_key: sk-ant-test\n";
+  };
+  TestGateway gateway("router:\n  quality: {}\n  retries: 0\nmodels:\n" +
+                      anthropic_model("early", early) + anthropic_model("cut", cut));
+  for (const std::string model : {"early", "cut"}) {
+    auto answer = http_request(
+        gateway.port(), "POST", "/v1/chat/completions",
+        R"({"model":")" + model +
+            R"(","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"hi"}]})");
+    ASSERT_EQ(answer.status, 200u) << answer.body;
+    EXPECT_NE(answer.body.find("\"content\":\"hi\""), std::string::npos) << answer.body;
+  }
+  const auto metrics = metrics_text(gateway);
+  EXPECT_NE(
+      metrics.find("sluice_quality_failures_total{deployment=\"early\",reason=\"length_early\"} 1"),
+      std::string::npos)
+      << metrics;
+  EXPECT_NE(
+      metrics.find("sluice_quality_failures_total{deployment=\"cut\",reason=\"truncated\"} 1"),
+      std::string::npos)
+      << metrics;
+}
+
 // A chat request whose one message is `characters` long.
 std::string chat_with_prompt(std::size_t characters) {
   return R"({"model":"chat","messages":[{"role":"user","content":")" +
