@@ -36,6 +36,29 @@ std::string metrics_text(TestGateway& gateway) {
   return http_request(gateway.gateway().admin_port(), "GET", "/metrics").body;
 }
 
+// The gateway's metrics count `count` quality failures of `deployment` for
+// `reason`.
+void expect_quality_failures(TestGateway& gateway, const std::string& deployment,
+                             const std::string& reason, int count) {
+  const auto metrics = metrics_text(gateway);
+  EXPECT_NE(metrics.find("sluice_quality_failures_total{deployment=\"" + deployment +
+                         "\",reason=\"" + reason + "\"} " + std::to_string(count)),
+            std::string::npos)
+      << deployment << " " << reason << "\n"
+      << metrics;
+}
+
+// The head of a chunked event stream, as a canned upstream sends it.
+const std::string kEventStreamHead =
+    "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+    "Transfer-Encoding: chunked\r\n\r\n";
+
+// A streamed chat request for `model` with max_tokens 100.
+std::string chat_stream_of_100_tokens(const std::string& model) {
+  return R"({"model":")" + model +
+         R"(","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"hi"}]})";
+}
+
 const std::string kAdaptiveRouter =
     "router:\n"
     "  retries: 0\n"
@@ -165,11 +188,7 @@ TEST(QualityGuard, FastTruncatingDeploymentLosesTraffic) {
   auto route = deployment_route(gateway, "bad");
   EXPECT_GT(route["recent_error_rate"].get<double>(), 0.0) << route;
   EXPECT_EQ(route["cooling_down"], true) << route;
-  const auto metrics = metrics_text(gateway);
-  EXPECT_NE(metrics.find("sluice_quality_failures_total{deployment=\"bad\",reason=\"truncated\"} " +
-                         std::to_string(cut_answers)),
-            std::string::npos)
-      << metrics;
+  expect_quality_failures(gateway, "bad", "truncated", cut_answers);
 }
 
 // A JSON answer cut short (its Content-Length met) and an empty one count too.
@@ -193,23 +212,15 @@ TEST(QualityGuard, CutJsonAndEmptyAnswersAreFailures) {
   EXPECT_EQ(streamed.status, 200u);
   // The usage the guard asked for is not passed to a client that did not.
   EXPECT_EQ(streamed.body.find("\"usage\":{"), std::string::npos) << streamed.body;
-  const auto metrics = metrics_text(gateway);
-  EXPECT_NE(
-      metrics.find("sluice_quality_failures_total{deployment=\"cut\",reason=\"truncated\"} 1"),
-      std::string::npos)
-      << metrics;
-  EXPECT_NE(metrics.find("sluice_quality_failures_total{deployment=\"empty\",reason=\"empty\"} 1"),
-            std::string::npos)
-      << metrics;
+  expect_quality_failures(gateway, "cut", "truncated", 1);
+  expect_quality_failures(gateway, "empty", "empty", 1);
 }
 
 // Streams whose ends only show across reads: a finish_reason "length" split
 // between two of them, well short of the max_tokens asked for, and a [DONE]
 // that no finish_reason came before.
 TEST(QualityGuard, ReadsTheStreamsEndAcrossReads) {
-  const std::string head =
-      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-      "Transfer-Encoding: chunked\r\n\r\n";
+  const std::string& head = kEventStreamHead;
   const std::string first = R"(data: {"choices":[{"index":0,"delta":{"content":"hi"},)";
   const std::string usage =
       "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":5,"
@@ -224,32 +235,21 @@ TEST(QualityGuard, ReadsTheStreamsEndAcrossReads) {
       deployment_yaml("early", early.base_url()) + "  - name: no-reason\n    deployments:\n" +
       deployment_yaml("no-reason", no_reason.base_url()));
   for (const std::string model : {"early", "no-reason"}) {
-    auto answer = http_request(
-        gateway.port(), "POST", "/v1/chat/completions",
-        R"({"model":")" + model +
-            R"(","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"hi"}]})");
+    auto answer = http_request(gateway.port(), "POST", "/v1/chat/completions",
+                               chat_stream_of_100_tokens(model));
     ASSERT_EQ(answer.status, 200u) << answer.body;
     // Relayed as it came.
     EXPECT_NE(answer.body.find("data: [DONE]"), std::string::npos) << answer.body;
   }
-  const auto metrics = metrics_text(gateway);
-  EXPECT_NE(
-      metrics.find("sluice_quality_failures_total{deployment=\"early\",reason=\"length_early\"} 1"),
-      std::string::npos)
-      << metrics;
-  EXPECT_NE(metrics.find(
-                "sluice_quality_failures_total{deployment=\"no-reason\",reason=\"truncated\"} 1"),
-            std::string::npos)
-      << metrics;
+  expect_quality_failures(gateway, "early", "length_early", 1);
+  expect_quality_failures(gateway, "no-reason", "truncated", 1);
 }
 
 // An Anthropic stream, as an OpenAI client gets it translated, is judged as
 // that client's answer: stopped by max_tokens well short of the request's,
 // or ended cleanly before message_stop.
 TEST(QualityGuard, JudgesAnswersTranslatedFromAnthropic) {
-  const std::string head =
-      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-      "Transfer-Encoding: chunked\r\n\r\n";
+  const std::string& head = kEventStreamHead;
   const std::string opening =
       "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m1\","
       "\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"usage\":"
@@ -274,22 +274,13 @@ TEST(QualityGuard, JudgesAnswersTranslatedFromAnthropic) {
   TestGateway gateway("router:\n  quality: {}\n  retries: 0\nmodels:\n" +
                       anthropic_model("early", early) + anthropic_model("cut", cut));
   for (const std::string model : {"early", "cut"}) {
-    auto answer = http_request(
-        gateway.port(), "POST", "/v1/chat/completions",
-        R"({"model":")" + model +
-            R"(","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"hi"}]})");
+    auto answer = http_request(gateway.port(), "POST", "/v1/chat/completions",
+                               chat_stream_of_100_tokens(model));
     ASSERT_EQ(answer.status, 200u) << answer.body;
     EXPECT_NE(answer.body.find("\"content\":\"hi\""), std::string::npos) << answer.body;
   }
-  const auto metrics = metrics_text(gateway);
-  EXPECT_NE(
-      metrics.find("sluice_quality_failures_total{deployment=\"early\",reason=\"length_early\"} 1"),
-      std::string::npos)
-      << metrics;
-  EXPECT_NE(
-      metrics.find("sluice_quality_failures_total{deployment=\"cut\",reason=\"truncated\"} 1"),
-      std::string::npos)
-      << metrics;
+  expect_quality_failures(gateway, "early", "length_early", 1);
+  expect_quality_failures(gateway, "cut", "truncated", 1);
 }
 
 // A chat request whose one message is `characters` long.
