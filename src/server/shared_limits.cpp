@@ -156,19 +156,33 @@ void settle_shared_limits(RequestContext& context, RequestJob& job,
   WorkerState* shared = context.worker.shared_state();
   if (shared == nullptr) return;
   job.shared_admitted = false;
-  if (job.shared_lease && job.shared_lease->held()) shared->release(*job.shared_lease);
+  SharedLease* lease =
+      job.shared_lease && job.shared_lease->held() ? job.shared_lease.get() : nullptr;
   const auth::Admission& admission = job.admission;
   const auth::KeyPolicy& key = *admission.key;
   const std::uint64_t reserved = admission.reserved_tokens();
-  if (key.limits.tpm == 0 || !tokens_spent || *tokens_spent == reserved) return;
+  // An estimate that was right leaves nothing to settle.
+  if (key.limits.tpm == 0 || !tokens_spent || *tokens_spent == reserved) {
+    if (lease != nullptr) shared->release(*lease);
+    return;
+  }
   const auth::KeyLimits* live = context.snapshot->auth->limiters().find(key.name);
   // Difference of the two costs, as TokenBucket::settle charges it.
   const std::int64_t delta = live->tokens.cost_ns(*tokens_spent) - live->tokens.cost_ns(reserved);
   std::string tpm_key = budget_key(shared->settings(), key, "tpm", key.limits.tpm);
   std::array<std::string, 2> args{std::to_string(delta), std::to_string(kMostSharedDebtNs)};
-  std::array<std::string_view, 1> keys{tpm_key};
-  std::array<std::string_view, 2> arg_views{args[0], args[1]};
-  shared->redis().send_eval(state::settle_script(), keys, arg_views);
+  if (lease == nullptr) {
+    std::array<std::string_view, 1> keys{tpm_key};
+    std::array<std::string_view, 2> arg_views{args[0], args[1]};
+    shared->redis().send_eval(state::settle_script(), keys, arg_views);
+    return;
+  }
+  // Settled and released in one call: Redis, one thread for every
+  // instance, runs one script instead of a script and a command.
+  std::array<std::string_view, 2> keys{tpm_key, lease->set};
+  std::array<std::string_view, 3> arg_views{args[0], args[1], lease->id};
+  shared->redis().send_eval(state::settle_and_release_script(), keys, arg_views);
+  shared->forget(*lease);
 }
 
 }  // namespace sluice::server
