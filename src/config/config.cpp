@@ -379,7 +379,8 @@ class Loader {
   void read_timeouts(const Located& at, Timeouts& timeouts) const;
   void read_headers(const Located& at, Deployment& deployment) const;
   void read_api_version(const Located& at, const MappingReader& map, Deployment& deployment) const;
-  void read_ca_file(const Located& at, Deployment& deployment) const;
+  // The path, checked readable; "" for an explicit "" (system store only).
+  std::string read_ca_file(const Located& at) const;
   std::vector<std::string> read_model_references(const Located& at, const std::string& owner);
   void read_cache(const Located& at, const std::string& owner, Cache& cache);
   std::vector<std::string> read_default_for(const Located& at);
@@ -648,7 +649,7 @@ void Loader::read_budgets(const Located& at, Budgets& budgets) const {
 }
 
 void Loader::read_state(const Located& at, State& state) const {
-  MappingReader map(at, {"backend", "redis", "on_unavailable"});
+  MappingReader map(at, {"backend", "redis", "on_unavailable", "lease_ttl"});
   if (auto value = map.get("backend")) {
     state.backend = read_enum<State::Backend>(
         *value, {{"local", State::Backend::local}, {"redis", State::Backend::redis}});
@@ -657,12 +658,19 @@ void Loader::read_state(const Located& at, State& state) const {
     state.on_unavailable = read_enum<State::OnUnavailable>(
         *value, {{"local", State::OnUnavailable::local}, {"deny", State::OnUnavailable::deny}});
   }
+  if (auto value = map.get("lease_ttl")) {
+    state.lease_ttl = read_positive_duration(*value);
+    // Renewed every third of it: shorter, and one slow round trip to Redis
+    // would let a live request's permit lapse.
+    if (state.lease_ttl < std::chrono::seconds(1)) fail(*value, "must be at least 1s");
+  }
   auto redis_at = map.get("redis");
   if (!redis_at) {
     if (state.shared()) fail(join_path(at.path, "redis.url"), "missing required key", at.line);
     return;
   }
-  MappingReader redis(*redis_at, {"url", "password", "username", "key_prefix", "timeout"});
+  MappingReader redis(*redis_at,
+                      {"url", "password", "username", "key_prefix", "timeout", "ca_file"});
   RedisState& into = state.redis;
   if (auto value = redis.get("url")) {
     std::string why;
@@ -689,6 +697,12 @@ void Loader::read_state(const Located& at, State& state) const {
     }
   }
   if (auto value = redis.get("timeout")) into.timeout = read_positive_duration(*value);
+  if (auto value = redis.get("ca_file")) {
+    if (into.transport != RedisState::Transport::tls) {
+      fail(*value, "a CA file is for a rediss:// URL (TLS) only");
+    }
+    into.ca_file = read_ca_file(*value);
+  }
 }
 
 // Shared by the load-time check and require_auth_or_explicit_opt_out, so
@@ -1132,7 +1146,7 @@ Deployment Loader::read_deployment(const Located& at, const std::string& model_n
   if (auto value = map.get("headers")) read_headers(*value, deployment);
   if (auto value = map.get("timeouts")) read_timeouts(*value, deployment.timeouts);
   if (auto value = map.get("tls_verify")) deployment.tls_verify = read_bool(*value);
-  if (auto value = map.get("ca_file")) read_ca_file(*value, deployment);
+  if (auto value = map.get("ca_file")) deployment.ca_file = read_ca_file(*value);
   if (auto value = map.get("weight")) deployment.weight = read_uint(*value, 1);
   if (auto value = map.get("max_parallel")) {
     if (value->node.IsScalar() && value->node.Scalar() == "auto") {
@@ -1254,9 +1268,9 @@ void Loader::read_headers(const Located& at, Deployment& deployment) const {
   }
 }
 
-void Loader::read_ca_file(const Located& at, Deployment& deployment) const {
+std::string Loader::read_ca_file(const Located& at) const {
   std::string path = read_string(at);
-  if (path.empty()) return;  // explicit "" = system store only
+  if (path.empty()) return path;  // explicit "" = system store only
   // Checked now rather than at the first TLS handshake, which could be
   // hours later and only for the one deployment.
   std::error_code ec;
@@ -1266,7 +1280,7 @@ void Loader::read_ca_file(const Located& at, Deployment& deployment) const {
   }
   std::ifstream file(path);
   if (!file) fail(at, "CA file '" + path + "' cannot be read");
-  deployment.ca_file = path;
+  return path;
 }
 
 Config Loader::load(const Located& root) {

@@ -354,6 +354,9 @@ void Plan::resolve_groups(const std::vector<std::string>& names) {
 
 std::optional<Plan::Taken> Plan::take_in_group(const config::Model& group, DeploymentList exclude,
                                                bool allow_cooling, TimePoint now) {
+  for (const config::Deployment* refused : at_shared_limit_) {
+    if (!contains(exclude, refused)) exclude.push_back(refused);
+  }
   // Every pass excludes one more deployment, so this ends.
   for (;;) {
     const auto choice = router_->choose_among(group, stream_, {exclude.data(), exclude.size()}, now,
@@ -584,6 +587,13 @@ void Plan::abandon(const Attempt& attempt) {
   forget_slot(attempt.state);
   attempt.state->release();
   if (attempt.probe) attempt.state->release_probe();
+}
+
+void Plan::at_shared_limit(const Attempt& attempt) {
+  abandon(attempt);
+  --attempts_made_;
+  --attempts_on(attempt.deployment);
+  at_shared_limit_.push_back(attempt.deployment);
 }
 
 void Plan::lost_race(const Attempt& attempt, Micros waited, TimePoint now) {

@@ -242,6 +242,12 @@ void launch_hedge(RequestContext& context, const AttemptsCall& call,
   const auto now = Clock::now();
   auto hedge = call.plan.next_hedge(now);
   if (!hedge) return;
+  if (context.worker.shared_state() != nullptr && has_shared_limits(*hedge->deployment)) {
+    // A hedge starts now or never, and cannot wait for Redis's answer: a
+    // deployment whose limits the instances share is not hedged onto.
+    call.plan.abandon(*hedge);
+    return;
+  }
   inject_fault(FaultPoint::hedge_launched);
   ++call.tally.count;
   slot = std::make_unique<AttemptTask>();
@@ -379,8 +385,33 @@ net::awaitable<AttemptsOutcome> run_attempts(RequestContext& context, AttemptsCa
       now = Clock::now();
     }
 
+    std::unique_ptr<SharedLease> shared_lease;
+    if (WorkerState* shared = context.worker.shared_state();
+        shared != nullptr && has_shared_limits(*attempt->deployment)) {
+      const config::Deployment& deployment = *attempt->deployment;
+      const SharedDeploymentVerdict verdict =
+          co_await take_shared_deployment_limits(*shared, deployment, shared_lease);
+      if (verdict == SharedDeploymentVerdict::at_limit) {
+        // Full across the instances: another deployment may take it.
+        plan.at_shared_limit(*attempt);
+        --call.tally.count;
+        continue;
+      }
+      if (verdict == SharedDeploymentVerdict::unavailable &&
+          shared->settings().on_unavailable == config::State::OnUnavailable::deny) {
+        plan.abandon(*attempt);
+        outcome.last_failure = std::make_unique<FailedAttempt>();
+        outcome.last_failure->kind = router::ResultKind::client_error;
+        outcome.last_failure->gateway_error = ApiError::overloaded(
+            "The gateway's shared rate limits are unavailable. Please try again shortly.");
+        co_return outcome;
+      }
+      // Unavailable with on_unavailable local: the plan's own limits stand.
+    }
+
     Race tasks(context, watch);
     tasks[0] = std::make_unique<AttemptTask>();
+    tasks[0]->shared_lease = std::move(shared_lease);
     AttemptTask* winner = nullptr;
     std::optional<TimePoint> hedge_at;
     if (!call.hedges || !attempt->hedge_after) {

@@ -1,6 +1,7 @@
 #include <array>
 #include <string>
 
+#include "sluice/auth/limits.hpp"
 #include "sluice/server/phases.hpp"
 #include "sluice/state/limit_scripts.hpp"
 
@@ -81,7 +82,7 @@ net::awaitable<Next> take_shared_limits(RequestContext& context, RequestJob& job
         std::to_string(limits.tpm > 0 && estimate > 0 ? live->tokens.cost_ns(estimate) : 0),
         std::to_string(limits.max_parallel),
         lease_id,
-        std::to_string(kLeaseTtl.count())};
+        std::to_string(settings.lease_ttl.count())};
     std::array<std::string_view, 3> key_views{keys[0], keys[1], keys[2]};
     std::array<std::string_view, 7> arg_views{args[0], args[1], args[2], args[3],
                                               args[4], args[5], args[6]};
@@ -111,24 +112,77 @@ net::awaitable<Next> take_shared_limits(RequestContext& context, RequestJob& job
   co_return next;
 }
 
+net::awaitable<SharedDeploymentVerdict> take_shared_deployment_limits(
+    WorkerState& shared, const config::Deployment& deployment,
+    std::unique_ptr<SharedLease>& lease) {
+  if (!shared.redis().up()) co_return SharedDeploymentVerdict::unavailable;
+  const config::State& settings = shared.settings();
+  const unsigned max_parallel = deployment.max_parallel_auto ? 0 : deployment.max_parallel;
+  // Named with their limit, as a key's are: a changed limit starts afresh.
+  const std::string prefix =
+      state::tagged_key(settings.redis.key_prefix, "dep:" + deployment.id, ":");
+  std::array<std::string, 2> keys{prefix + "rpm:" + std::to_string(deployment.rpm),
+                                  prefix + "par:" + std::to_string(max_parallel)};
+  const auth::Gcra requests(deployment.rpm);
+  std::string lease_id = max_parallel > 0 ? shared.next_lease_id() : std::string();
+  std::array<std::string, 7> args{std::to_string(requests.interval_ns()),
+                                  std::to_string(requests.window_ns()),
+                                  "0",
+                                  "0",
+                                  std::to_string(max_parallel),
+                                  lease_id,
+                                  std::to_string(settings.lease_ttl.count())};
+  // No tpm here: the script's tpm key is never read, the rpm key stands in.
+  std::array<std::string_view, 3> key_views{keys[0], keys[0], keys[1]};
+  std::array<std::string_view, 7> arg_views{args[0], args[1], args[2], args[3],
+                                            args[4], args[5], args[6]};
+  auto reply = co_await shared.redis().eval(state::admit_script(), key_views, arg_views);
+  auto verdict = verdict_of(reply);
+  if (!verdict) co_return SharedDeploymentVerdict::unavailable;
+  if (verdict->refused != auth::SharedVerdict::Refused::none) {
+    co_return SharedDeploymentVerdict::at_limit;
+  }
+  if (max_parallel > 0) {
+    lease = std::make_unique<SharedLease>();
+    lease->set = std::move(keys[1]);
+    lease->id = std::move(lease_id);
+    shared.hold(*lease);
+  }
+  co_return SharedDeploymentVerdict::admitted;
+}
+
 void settle_shared_limits(RequestContext& context, RequestJob& job,
                           std::optional<std::uint64_t> tokens_spent) {
   WorkerState* shared = context.worker.shared_state();
   if (shared == nullptr) return;
   job.shared_admitted = false;
-  if (job.shared_lease && job.shared_lease->held()) shared->release(*job.shared_lease);
+  SharedLease* lease =
+      job.shared_lease && job.shared_lease->held() ? job.shared_lease.get() : nullptr;
   const auth::Admission& admission = job.admission;
   const auth::KeyPolicy& key = *admission.key;
   const std::uint64_t reserved = admission.reserved_tokens();
-  if (key.limits.tpm == 0 || !tokens_spent || *tokens_spent == reserved) return;
+  // An estimate that was right leaves nothing to settle.
+  if (key.limits.tpm == 0 || !tokens_spent || *tokens_spent == reserved) {
+    if (lease != nullptr) shared->release(*lease);
+    return;
+  }
   const auth::KeyLimits* live = context.snapshot->auth->limiters().find(key.name);
   // Difference of the two costs, as TokenBucket::settle charges it.
   const std::int64_t delta = live->tokens.cost_ns(*tokens_spent) - live->tokens.cost_ns(reserved);
   std::string tpm_key = budget_key(shared->settings(), key, "tpm", key.limits.tpm);
   std::array<std::string, 2> args{std::to_string(delta), std::to_string(kMostSharedDebtNs)};
-  std::array<std::string_view, 1> keys{tpm_key};
-  std::array<std::string_view, 2> arg_views{args[0], args[1]};
-  shared->redis().send_eval(state::settle_script(), keys, arg_views);
+  if (lease == nullptr) {
+    std::array<std::string_view, 1> keys{tpm_key};
+    std::array<std::string_view, 2> arg_views{args[0], args[1]};
+    shared->redis().send_eval(state::settle_script(), keys, arg_views);
+    return;
+  }
+  // Settled and released in one call: Redis, one thread for every
+  // instance, runs one script instead of a script and a command.
+  std::array<std::string_view, 2> keys{tpm_key, lease->set};
+  std::array<std::string_view, 3> arg_views{args[0], args[1], lease->id};
+  shared->redis().send_eval(state::settle_and_release_script(), keys, arg_views);
+  shared->forget(*lease);
 }
 
 }  // namespace sluice::server

@@ -39,6 +39,10 @@ std::string WorkerState::next_lease_id() {
   return std::string(text, static_cast<std::size_t>(length));
 }
 
+SharedLease::~SharedLease() {
+  if (held() && owner != nullptr) owner->release(*this);
+}
+
 void WorkerState::release(SharedLease& lease) {
   lease.hook.unlink();
   std::array<std::string_view, 3> remove{"ZREM", lease.set, lease.id};
@@ -48,9 +52,9 @@ void WorkerState::release(SharedLease& lease) {
 net::awaitable<void> WorkerState::renew_leases() {
   std::vector<std::string_view> keys;
   std::vector<std::string_view> args;
-  const std::string ttl = std::to_string(kLeaseTtl.count());
+  const std::string ttl = std::to_string(settings_.lease_ttl.count());
   while (!stopped_) {
-    renewal_.expires_after(kLeaseRenewal);
+    renewal_.expires_after(settings_.lease_ttl / 3);
     co_await renewal_.async_wait(net::as_tuple(net::use_awaitable));
     if (stopped_) break;
     if (leases_.empty()) continue;

@@ -76,6 +76,19 @@ return next
   return script;
 }
 
+const Script& settle_and_release_script() {
+  static const Script script(with_clock(R"lua(
+redis.call('ZREM', KEYS[2], ARGV[3])
+local next = owed(KEYS[1]) + tonumber(ARGV[1])
+if next < 0 then next = 0 end
+local most = tonumber(ARGV[2])
+if next > most then next = most end
+store(KEYS[1], next)
+return next
+)lua"));
+  return script;
+}
+
 const Script& renew_script() {
   static const Script script(with_clock(R"lua(
 local ttl = tonumber(ARGV[1])

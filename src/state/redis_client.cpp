@@ -2,6 +2,9 @@
 
 #include <hiredis/hiredis.h>
 #include <openssl/evp.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -168,7 +171,21 @@ RedisClient::RedisClient(net::io_context& context, const config::RedisState& set
       status_(status),
       random_(seed),
       backoff_(context),
-      reader_done_(context) {}
+      reader_done_(context) {
+  if (settings_.transport == config::RedisState::Transport::tls) {
+    // As an upstream's: the system store and the configured CA file, the
+    // certificate's chain and name checked. A CA file that does not load
+    // stops the start, as a config error does.
+    namespace ssl = net::ssl;
+    tls_context_ = std::make_unique<ssl::context>(ssl::context::tls_client);
+    tls_context_->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                              ssl::context::no_sslv3 | ssl::context::no_tlsv1 |
+                              ssl::context::no_tlsv1_1);
+    tls_context_->set_default_verify_paths();
+    if (!settings_.ca_file.empty()) tls_context_->load_verify_file(settings_.ca_file);
+    tls_context_->set_verify_mode(ssl::verify_peer);
+  }
+}
 
 RedisClient::~RedisClient() = default;
 
@@ -181,10 +198,11 @@ void RedisClient::stop() {
 }
 
 void RedisClient::drop_connection() {
-  if (socket_ && socket_->is_open()) {
+  if (has_socket() && socket().is_open()) {
+    // No TLS close_notify: the connection is given up, not ended politely.
     boost::system::error_code ignored;
-    socket_->shutdown(Socket::shutdown_both, ignored);
-    socket_->close(ignored);
+    socket().shutdown(Socket::shutdown_both, ignored);
+    socket().close(ignored);
   }
 }
 
@@ -242,7 +260,12 @@ net::awaitable<void> RedisClient::run() {
 
 net::awaitable<std::optional<std::string>> RedisClient::connect() {
   last_failure_.clear();
-  socket_ = std::make_unique<Socket>(context_);
+  if (tls_context_) {
+    tls_ = std::make_unique<TlsStream>(context_, *tls_context_);
+  } else {
+    socket_ = std::make_unique<Socket>(context_);
+  }
+  Socket& lowest = socket();
   net::steady_timer deadline(context_, std::max<std::chrono::milliseconds>(
                                            settings_.timeout, std::chrono::milliseconds(1000)));
   bool expired = false;
@@ -254,10 +277,7 @@ net::awaitable<std::optional<std::string>> RedisClient::connect() {
   boost::system::error_code ec;
   if (settings_.transport == config::RedisState::Transport::unix_socket) {
     net::local::stream_protocol::endpoint endpoint(settings_.socket_path);
-    std::tie(ec) = co_await socket_->async_connect(endpoint, as_tuple(use_awaitable));
-  } else if (settings_.transport == config::RedisState::Transport::tls) {
-    deadline.cancel();
-    co_return "rediss:// (TLS) is not supported by this build";
+    std::tie(ec) = co_await lowest.async_connect(endpoint, as_tuple(use_awaitable));
   } else {
     net::ip::tcp::resolver resolver(context_);
     auto port = std::to_string(settings_.port);
@@ -268,14 +288,39 @@ net::awaitable<std::optional<std::string>> RedisClient::connect() {
       ec = net::error::host_not_found;
       for (const auto& entry : results) {
         net::generic::stream_protocol::endpoint endpoint(entry.endpoint());
-        if (socket_->is_open()) socket_->close(ec);
-        std::tie(ec) = co_await socket_->async_connect(endpoint, as_tuple(use_awaitable));
+        if (lowest.is_open()) lowest.close(ec);
+        std::tie(ec) = co_await lowest.async_connect(endpoint, as_tuple(use_awaitable));
         if (!ec || expired) break;
       }
     }
     if (!ec) {
       boost::system::error_code ignored;
-      socket_->set_option(net::ip::tcp::no_delay(true), ignored);
+      lowest.set_option(net::ip::tcp::no_delay(true), ignored);
+    }
+  }
+  if (!ec && !expired && tls_) {
+    const std::string& host = settings_.host;
+    boost::system::error_code parse_ec;
+    // OpenSSL checks the name (or address) itself, so that a mismatch is
+    // named in the verify result, which the message below quotes.
+    SSL* ssl = tls_->native_handle();
+    net::ip::make_address(host, parse_ec);
+    if (parse_ec) {
+      SSL_set_tlsext_host_name(ssl, host.c_str());
+      SSL_set1_host(ssl, host.c_str());
+    } else {
+      X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host.c_str());
+    }
+    std::tie(ec) =
+        co_await tls_->async_handshake(net::ssl::stream_base::client, as_tuple(use_awaitable));
+    if (ec && !expired) {
+      deadline.cancel();
+      const long verified = SSL_get_verify_result(tls_->native_handle());
+      if (verified != X509_V_OK) {
+        co_return "TLS certificate verification failed: " +
+            std::string(X509_verify_cert_error_string(verified));
+      }
+      co_return "TLS handshake failed: " + ec.message();
     }
   }
   deadline.cancel();
@@ -315,9 +360,17 @@ net::awaitable<void> RedisClient::read_loop() {
   std::unique_ptr<redisReader, decltype(&redisReaderFree)> reader(redisReaderCreate(),
                                                                   &redisReaderFree);
   std::vector<char> buffer(kReadSize);
-  Socket* socket = socket_.get();
+  Socket* plain = &socket();
+  TlsStream* tls = tls_.get();
   for (;;) {
-    auto [ec, n] = co_await socket->async_read_some(net::buffer(buffer), as_tuple(use_awaitable));
+    boost::system::error_code ec;
+    std::size_t n = 0;
+    if (tls != nullptr) {
+      std::tie(ec, n) = co_await tls->async_read_some(net::buffer(buffer), as_tuple(use_awaitable));
+    } else {
+      std::tie(ec, n) =
+          co_await plain->async_read_some(net::buffer(buffer), as_tuple(use_awaitable));
+    }
     if (ec) {
       if (last_failure_.empty()) last_failure_ = "connection lost: " + ec.message();
       break;
@@ -352,11 +405,18 @@ net::awaitable<void> RedisClient::read_loop() {
 
 net::awaitable<void> RedisClient::write_loop() {
   writing_ = true;
-  Socket* socket = socket_.get();
-  while (!out_.empty() && open_ && socket == socket_.get()) {
+  Socket* plain = &socket();
+  TlsStream* tls = tls_.get();
+  while (!out_.empty() && open_ && plain == &socket()) {
     std::swap(out_, sending_);
-    auto [ec, n] =
-        co_await net::async_write(*socket, net::buffer(sending_), as_tuple(use_awaitable));
+    boost::system::error_code ec;
+    if (tls != nullptr) {
+      std::tie(ec, std::ignore) =
+          co_await net::async_write(*tls, net::buffer(sending_), as_tuple(use_awaitable));
+    } else {
+      std::tie(ec, std::ignore) =
+          co_await net::async_write(*plain, net::buffer(sending_), as_tuple(use_awaitable));
+    }
     sending_.clear();
     if (ec) {
       drop_connection();

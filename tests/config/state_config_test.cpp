@@ -111,6 +111,23 @@ TEST(StateConfig, ErrorsNameTheirYamlPath) {
                "state.redis.key_prefix", 4, "braces");
   expect_error("state:\n  redis:\n    url: redis://h\n    port: 1\n" + kOneModel,
                "state.redis.port", 4, "unknown key");
+  expect_error("state:\n  lease_ttl: 500ms\n" + kOneModel, "state.lease_ttl", 2, "at least 1s");
+  expect_error("state:\n  redis:\n    url: redis://h\n    ca_file: /etc/passwd\n" + kOneModel,
+               "state.redis.ca_file", 4, "rediss://");
+  expect_error("state:\n  redis:\n    url: rediss://h\n    ca_file: /no/such.pem\n" + kOneModel,
+               "state.redis.ca_file", 4, "does not exist");
+}
+
+TEST(StateConfig, LeaseTtlAndCaFile) {
+  EXPECT_EQ(load_string(kOneModel, kNoEnv)->state.lease_ttl, milliseconds(10000));
+  ConfigPtr config = load_string(
+      "state:\n  lease_ttl: 2s\n  redis:\n    url: rediss://redis.internal\n"
+      "    ca_file: /etc/passwd\n" +
+          kOneModel,
+      kNoEnv);
+  EXPECT_EQ(config->state.lease_ttl, milliseconds(2000));
+  EXPECT_EQ(config->state.redis.transport, RedisState::Transport::tls);
+  EXPECT_EQ(config->state.redis.ca_file, "/etc/passwd");
 }
 
 TEST(StateConfig, TheBackendIsTakenAtStart) {

@@ -458,6 +458,27 @@ TEST(Plan, RpmBudgetIsTakenByNext) {
   EXPECT_EQ(third.next(kBase)->deployment->id, "b");
 }
 
+TEST(Plan, ADeploymentAtItsSharedLimitIsNoAttemptAndIsNotChosenAgain) {
+  auto cfg = make_config({model("m", config::Strategy::priority, {"a", "b"})}, with_retries(0));
+  cfg->models[0].deployments[0].max_parallel = 1;
+  Router router(cfg);
+  Plan plan = router.plan(cfg->models[0], true, 1);
+  auto refused = plan.next(kBase);
+  ASSERT_EQ(refused->deployment->id, "a");
+  plan.at_shared_limit(*refused);
+  // Its slot is given back, and the one attempt retries 0 allows is still
+  // there, for the other deployment.
+  EXPECT_EQ(router.state("a")->in_flight(), 0);
+  EXPECT_TRUE(plan.can_retry());
+  auto next = plan.next(kBase);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->deployment->id, "b");
+  EXPECT_EQ(next->wait, Millis{0});
+  plan.at_shared_limit(*next);
+  // Both full elsewhere: the plan ends instead of asking again.
+  EXPECT_FALSE(plan.next(kBase));
+}
+
 TEST(Plan, ExpiredCooldownLetsExactlyOneProbeThrough) {
   auto policy = with_retries(1);
   policy.cooldown.fails = 1;

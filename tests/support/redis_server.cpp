@@ -12,8 +12,6 @@
 #include <thread>
 
 namespace sluice::testing {
-namespace {
-
 std::uint16_t ephemeral_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
@@ -26,6 +24,8 @@ std::uint16_t ephemeral_port() {
   ::close(fd);
   return ntohs(address.sin_port);
 }
+
+namespace {
 
 // One command on a fresh blocking connection, bounded by a second.
 std::string redis_round_trip(std::uint16_t port, const std::string& payload) {
@@ -67,6 +67,7 @@ std::optional<std::string> redis_server_binary() {
 RedisServer::RedisServer(std::vector<std::string> arguments) : arguments_(std::move(arguments)) {
   for (int attempt = 0; attempt < 5; ++attempt) {
     port_ = ephemeral_port();
+    tls_port_ = 0;
     if (launch()) return;
   }
   throw std::runtime_error("redis-server did not start");
@@ -82,7 +83,14 @@ bool RedisServer::launch() {
   if (!binary) throw std::runtime_error("redis-server is not installed (scripts/setup)");
   std::vector<std::string> args{"--port", std::to_string(port_), "--bind", "127.0.0.1",   "--save",
                                 "",       "--appendonly",        "no",     "--daemonize", "no"};
-  args.insert(args.end(), arguments_.begin(), arguments_.end());
+  for (const auto& argument : arguments_) {
+    if (argument != kTlsPortArgument) {
+      args.push_back(argument);
+      continue;
+    }
+    if (tls_port_ == 0) tls_port_ = ephemeral_port();
+    args.push_back(std::to_string(tls_port_));
+  }
   process_ = std::make_unique<ChildProcess>(*binary, args);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (std::chrono::steady_clock::now() < deadline) {
@@ -116,6 +124,10 @@ void RedisServer::pause() const {
 
 void RedisServer::resume() const {
   if (process_) process_->signal(SIGCONT);
+}
+
+std::string redis_command(std::uint16_t port, const std::vector<std::string>& args) {
+  return redis_round_trip(port, resp(args));
 }
 
 std::string RedisServer::command(const std::vector<std::string>& args,

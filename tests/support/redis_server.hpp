@@ -17,11 +17,17 @@ namespace sluice::testing {
 // port. No persistence: every instance starts empty.
 class RedisServer {
  public:
+  // An argument replaced by a second port of the server's own, e.g.
+  // {"--tls-port", kTlsPortArgument, ...}: the plain port stays open for
+  // the test's own commands and the check that it is up.
+  static constexpr const char* kTlsPortArgument = "<tls-port>";
+
   // `arguments` go to redis-server after the port, e.g. {"--requirepass", "x"}.
   explicit RedisServer(std::vector<std::string> arguments = {});
   ~RedisServer();
 
   std::uint16_t port() const { return port_; }
+  std::uint16_t tls_port() const { return tls_port_; }
   std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
 
   void kill();
@@ -39,8 +45,17 @@ class RedisServer {
 
   std::vector<std::string> arguments_;
   std::uint16_t port_ = 0;
+  std::uint16_t tls_port_ = 0;
   std::unique_ptr<ChildProcess> process_;
 };
+
+// A loopback port the kernel just handed out and took back: for a server
+// that refuses port 0 (redis-server), at the small risk of a collision.
+std::uint16_t ephemeral_port();
+
+// A command to a redis-server the test did not start, on `port` of
+// 127.0.0.1; the raw RESP reply ("" on failure).
+std::string redis_command(std::uint16_t port, const std::vector<std::string>& args);
 
 // Whether redis-server is installed (scripts/setup installs it).
 std::optional<std::string> redis_server_binary();

@@ -294,6 +294,9 @@ struct RedisState {
   std::string password;  // "" = no AUTH
   std::string key_prefix = "sluice:";
   Duration timeout{50};  // per operation
+  // rediss:// only: extra trust anchors (PEM) beside the system store; the
+  // server's certificate is verified, and its name, as an upstream's are.
+  std::string ca_file;
 
   bool operator==(const RedisState&) const = default;
 };
@@ -306,6 +309,10 @@ struct State {
   Backend backend = Backend::local;
   RedisState redis;
   OnUnavailable on_unavailable = OnUnavailable::local;
+  // How long a max_parallel permit outlives its holder's last renewal
+  // (renewed every third of it): how long a crashed instance's requests
+  // keep their slots.
+  Duration lease_ttl{10000};
 
   bool shared() const { return backend == Backend::redis; }
   bool operator==(const State&) const = default;

@@ -94,6 +94,10 @@ class Plan {
   // An attempt given up without a result (client gone, or both racers
   // answered at once).
   void abandon(const Attempt& attempt);
+  // An attempt the deployment's limits shared with other instances refused
+  // before it was sent: given up like abandon(), counted as no attempt, and
+  // the deployment is not chosen again by this plan.
+  void at_shared_limit(const Attempt& attempt);
   // An attempt stopped because the other one of its race answered first,
   // `waited` after it began. A primary that lost to its hedge is the slow
   // tail the hedge was for, so its wait feeds the TTFT window as a lower
@@ -164,6 +168,7 @@ class Plan {
     bool probe;  // a probe claim not settled yet
   };
   boost::container::small_vector<HeldSlot, 2> held_;
+  DeploymentList at_shared_limit_;  // empty but with state.backend redis
 };
 
 // Holds the live state of every deployment in a config snapshot. Built per

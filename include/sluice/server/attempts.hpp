@@ -16,6 +16,7 @@
 #include "sluice/router/router.hpp"
 #include "sluice/server/forwarded_request.hpp"
 #include "sluice/server/request_context.hpp"
+#include "sluice/server/shared_state.hpp"
 #include "sluice/upstream/client.hpp"
 
 // The one loop that runs a plan's attempts: retries, failover to the next
@@ -53,6 +54,9 @@ struct AttemptTask : PerThreadRecycled {
   // owns the task from then, and keeps the origin's snapshot alive.
   bool orphaned = false;
   std::shared_ptr<const Snapshot> orphan_snapshot;
+  // The deployment's max_parallel permit in Redis (state.backend redis),
+  // given back with the task.
+  std::unique_ptr<SharedLease> shared_lease;
 
   bool has_usable_head() const { return result && result->ok() && result->value()->status() < 400; }
   upstream::Exchange& exchange() { return *result->value(); }

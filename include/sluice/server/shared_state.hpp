@@ -6,6 +6,7 @@
 #include <boost/intrusive/list.hpp>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "sluice/config/config.hpp"
@@ -16,14 +17,20 @@
 // renewed together by one timer rather than one per request.
 namespace sluice::server {
 
-// How long a max_parallel permit outlives the last renewal of its holder:
-// what a crashed instance's requests keep a key's slots for.
-inline constexpr std::chrono::milliseconds kLeaseTtl{10000};
-inline constexpr std::chrono::milliseconds kLeaseRenewal{3000};
+class WorkerState;
 
+// A max_parallel permit in Redis (of a key or a deployment), renewed by its
+// worker every third of state.lease_ttl while held; one still held when it
+// is destroyed (an attempt's, when the attempt ends) is given back then.
 struct SharedLease {
-  std::string set;  // the key's lease set in Redis
+  SharedLease() = default;
+  SharedLease(const SharedLease&) = delete;
+  SharedLease& operator=(const SharedLease&) = delete;
+  ~SharedLease();
+
+  std::string set;  // the key's or deployment's lease set in Redis
   std::string id;   // unique across instances
+  WorkerState* owner = nullptr;
   boost::intrusive::list_member_hook<boost::intrusive::link_mode<boost::intrusive::auto_unlink>>
       hook;
 
@@ -58,9 +65,14 @@ class WorkerState {
 
   // A lease id no other request of any instance uses.
   std::string next_lease_id();
-  void hold(SharedLease& lease) { leases_.push_back(lease); }
+  void hold(SharedLease& lease) {
+    lease.owner = this;
+    leases_.push_back(lease);
+  }
   // Gives the permit back at once (not waiting for Redis's answer).
   void release(SharedLease& lease);
+  // Stops renewing a permit the caller gives back itself.
+  void forget(SharedLease& lease) { lease.hook.unlink(); }
 
  private:
   boost::asio::awaitable<void> renew_leases();
@@ -77,5 +89,20 @@ class WorkerState {
       boost::intrusive::constant_time_size<false>>
       leases_;
 };
+
+// Whether a deployment has limits the instances share: its rpm and a fixed
+// max_parallel (`max_parallel: auto` follows each instance's own latency).
+inline bool has_shared_limits(const config::Deployment& deployment) {
+  return deployment.rpm > 0 || (deployment.max_parallel > 0 && !deployment.max_parallel_auto);
+}
+
+enum class SharedDeploymentVerdict { admitted, at_limit, unavailable };
+
+// Takes an rpm unit and, with max_parallel, a lease (into `lease`, renewed
+// until it is destroyed) of `deployment` in Redis, by the key limits' script:
+// the same GCRA, keys hash-tagged per deployment. `unavailable` when Redis
+// does not answer: the caller falls back on state.on_unavailable.
+boost::asio::awaitable<SharedDeploymentVerdict> take_shared_deployment_limits(
+    WorkerState& shared, const config::Deployment& deployment, std::unique_ptr<SharedLease>& lease);
 
 }  // namespace sluice::server

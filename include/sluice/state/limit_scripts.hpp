@@ -23,6 +23,11 @@ const Script& admit_script();
 // KEYS: tpm TAT. ARGV: ns to add (negative gives back), most debt in ns.
 const Script& settle_script();
 
+// The settlement and the max_parallel lease's release of one request, in
+// one call. KEYS: tpm TAT, lease set (of the same client key). ARGV: as
+// settle's, then the lease id.
+const Script& settle_and_release_script();
+
 // KEYS: lease sets, one per lease. ARGV: TTL ms, then the lease ids in the
 // same order. Pushes each lease still held TTL ms past now.
 const Script& renew_script();

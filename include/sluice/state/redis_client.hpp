@@ -4,6 +4,8 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/generic/stream_protocol.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstdint>
@@ -106,6 +108,11 @@ class RedisClient {
     boost::asio::steady_timer* waiter = nullptr;  // null when nobody waits
   };
   using Socket = boost::asio::generic::stream_protocol::socket;
+  using TlsStream = boost::asio::ssl::stream<Socket>;
+
+  // The connection's socket, under TLS or not.
+  Socket& socket() { return tls_ ? tls_->next_layer() : *socket_; }
+  bool has_socket() const { return tls_ || socket_; }
 
   boost::asio::awaitable<void> run();
   boost::asio::awaitable<std::optional<std::string>> connect();
@@ -121,7 +128,11 @@ class RedisClient {
   const config::RedisState settings_;
   BackendStatus& status_;
   Xorshift64Star random_;
-  std::unique_ptr<Socket> socket_;
+  std::unique_ptr<Socket> socket_;  // redis:// and unix://
+  // rediss://: the context made once (trust anchors loaded at start), a
+  // stream per connection.
+  std::unique_ptr<boost::asio::ssl::context> tls_context_;
+  std::unique_ptr<TlsStream> tls_;
   bool open_ = false;   // the socket is connected (the handshake may still run)
   bool ready_ = false;  // handshake done: requests may use it
   bool stopped_ = false;
