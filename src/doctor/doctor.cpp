@@ -121,7 +121,8 @@ bool gnuplot_pngs(const DeploymentReport& report, const std::filesystem::path& p
   }
   script += "\nset output '" + concurrency_png.string() + "'\n";
   script += "set title 'TTFT against concurrency: " + report.deployment +
-            "'\nset xlabel 'concurrent requests'\nset ylabel 'TTFT (ms)'\nset yrange [0:*]\n";
+            "'\nset xlabel 'concurrent requests'\nset ylabel 'TTFT (ms)'\nset yrange [0:*]\n"
+            "set offsets 0.5, 1, 0, 0\n";
   script +=
       "plot $levels using 1:2:3:4 with yerrorbars title 'median, whisker to P95', "
       "$levels using 1:2 with lines notitle\n";
