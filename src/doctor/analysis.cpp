@@ -281,9 +281,12 @@ std::vector<Suggestion> suggest(const std::optional<NetworkFindings>& network,
     }
   }
   if (max_parallel) {
-    out.push_back({"max_parallel: " + std::to_string(*max_parallel),
-                   "TTFT's median rises more than 50% from " + std::to_string(*queueing->knee) +
-                       " concurrent requests"});
+    std::string reason =
+        "queueing starts at " + std::to_string(*queueing->knee) + " concurrent requests";
+    if (queueing->capacity) {
+      reason += "; about " + number(*queueing->capacity, "%.1f") + " are served at once";
+    }
+    out.push_back({"max_parallel: " + std::to_string(*max_parallel), std::move(reason)});
   }
   if (inputs.p99_ttft_ms > 0) {
     out.push_back({"timeouts: {ttft: " + config_duration(2 * inputs.p99_ttft_ms) + "}",
