@@ -7,10 +7,12 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "sluice/common/logging.hpp"
 #include "sluice/common/version.hpp"
 #include "sluice/config/config.hpp"
+#include "sluice/doctor/doctor.hpp"
 #include "sluice/protocol/adapters.hpp"
 #include "sluice/server/gateway.hpp"
 
@@ -22,6 +24,7 @@ namespace {
 
 constexpr const char* kUsage =
     R"(usage: sluice [--config FILE] [--check-config FILE] [--version] [--help]
+       sluice doctor --config FILE | --from http://ADMIN/ [options]   (sluice doctor --help)
 
   --config FILE        run the gateway with this YAML config (default: $SLUICE_CONFIG)
   --check-config FILE  validate the config, print the first error, exit non-zero if invalid
@@ -158,6 +161,10 @@ int run(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "doctor") {
+    sluice::init_logging("warn");
+    return sluice::doctor::main(std::vector<std::string>(argv + 2, argv + argc));
+  }
   std::string config_path;
   if (const char* from_env = std::getenv("SLUICE_CONFIG")) config_path = from_env;
   for (int i = 1; i < argc; ++i) {

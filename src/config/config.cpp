@@ -492,8 +492,9 @@ void Loader::read_upstream(const Located& at, Upstream& upstream) const {
 
 void Loader::read_router(const Located& at, Router& router) const {
   MappingReader map(at, {"window", "latency_buffer", "retries", "backoff", "cooldown", "hedge",
-                         "adaptive", "quality", "prompt_classes"});
+                         "adaptive", "quality", "prompt_classes", "diagnosis"});
   if (auto value = map.get("prompt_classes")) router.prompt_classes = read_bool(*value);
+  if (auto value = map.get("diagnosis")) router.diagnosis = read_bool(*value);
   if (auto value = map.get("window")) router.window = read_uint(*value, 1);
   if (auto value = map.get("adaptive")) read_adaptive(*value, router);
   if (auto quality_at = map.get("quality")) {

@@ -163,6 +163,20 @@ std::size_t LatencyWindow::fresh_samples(TimePoint now, std::chrono::millisecond
   return collect_fresh(now, max_age, fresh.data());
 }
 
+namespace {
+
+// The diagnosis windows hold more than the routing window: a diagnosis
+// reads percentiles per bucket, not the latest few samples.
+constexpr unsigned kDiagnosisWindow = 256;
+
+}  // namespace
+
+std::size_t in_flight_bucket(int in_flight) {
+  std::size_t bucket = 0;
+  for (int floor = 2; bucket + 1 < kInFlightBuckets && in_flight >= floor; floor *= 2) ++bucket;
+  return bucket;
+}
+
 DeploymentState::DeploymentState(unsigned window, TimePoint epoch,
                                  const config::AdaptiveConcurrency& concurrency_policy)
     : ttft(window),
@@ -170,6 +184,11 @@ DeploymentState::DeploymentState(unsigned window, TimePoint epoch,
       gaps(window),
       ttft_by_class{LatencyWindow(window), LatencyWindow(window), LatencyWindow(window),
                     LatencyWindow(window)},
+      ttft_by_in_flight{LatencyWindow(kDiagnosisWindow), LatencyWindow(kDiagnosisWindow),
+                        LatencyWindow(kDiagnosisWindow), LatencyWindow(kDiagnosisWindow),
+                        LatencyWindow(kDiagnosisWindow)},
+      connect_times(kDiagnosisWindow),
+      tls_times(kDiagnosisWindow),
       concurrency(concurrency_policy),
       epoch_(epoch) {}
 

@@ -316,6 +316,7 @@ Plan::Plan(const Router& router, const config::Model& model, bool stream, std::u
       requested_(&model),
       stream_(stream),
       prompt_class_(static_cast<std::uint8_t>(std::min(prompt_class, kNoPromptClass))),
+      diagnosis_(router.config().router.diagnosis),
       random_(seed) {
   groups_.push_back(&model);
   resolve_groups(model.fallbacks);
@@ -471,6 +472,10 @@ std::optional<Attempt> Plan::next(TimePoint now) {
       }
       attempt.hedge_after = hedge_delay(group, *taken->state, now);
       attempt.prompt_class = prompt_class_;
+      if (diagnosis_) {
+        attempt.in_flight_bucket =
+            static_cast<std::uint8_t>(in_flight_bucket(taken->state->in_flight()));
+      }
 
       pending_retry_after_.reset();
       ++on_deployment;
@@ -510,6 +515,10 @@ std::optional<Attempt> Plan::next_hedge(TimePoint now) {
   attempt.fallback = group_index_ > 0 || switched_to_context_fallbacks_;
   attempt.hedge = true;
   attempt.prompt_class = prompt_class_;
+  if (diagnosis_) {
+    attempt.in_flight_bucket =
+        static_cast<std::uint8_t>(in_flight_bucket(taken->state->in_flight()));
+  }
   return attempt;
 }
 
@@ -522,6 +531,7 @@ void Plan::report(const Attempt& attempt, const AttemptResult& result, TimePoint
       forget_probe(&state);
       if (result.ttft) {
         add_ttft(state, *result.ttft, now);
+        if (diagnosis_) state.ttft_by_in_flight[attempt.in_flight_bucket].add(*result.ttft, now);
         if (attempt.deployment->max_parallel_auto) {
           state.concurrency.on_sample(*result.ttft, state.in_flight(), now,
                                       router_->config().router.adaptive.concurrency);
@@ -609,6 +619,12 @@ void Plan::left_by_client(const Attempt& attempt) {
 void Plan::add_ttft(DeploymentState& state, Micros ttft, TimePoint now) const {
   state.ttft.add(ttft, now);
   if (prompt_class_ != kNoPromptClass) state.ttft_by_class[prompt_class_].add(ttft, now);
+}
+
+void Plan::note_new_connection(const Attempt& attempt, Micros connect, Micros tls,
+                               TimePoint now) const {
+  attempt.state->connect_times.add(connect, now);
+  if (tls.count() > 0) attempt.state->tls_times.add(tls, now);
 }
 
 bool Plan::can_retry() const {

@@ -126,6 +126,74 @@ std::string render_routes(Gateway& gateway) {
 
 namespace {
 
+// The diagnosis reads the samples of the last few minutes: enough traffic
+// for percentiles per bucket, recent enough to describe the upstream now.
+constexpr auto kDiagnosisAge = std::chrono::minutes(10);
+
+nlohmann::json window_json(const router::LatencyWindow& window, TimePoint now) {
+  const auto at = [&](unsigned percent) {
+    return to_ms(window.quantile(now, kDiagnosisAge, percent).value);
+  };
+  return {{"samples", window.fresh_samples(now, kDiagnosisAge)},
+          {"p25_ms", at(25)},
+          {"p50_ms", at(50)},
+          {"p75_ms", at(75)},
+          {"p95_ms", at(95)},
+          {"p99_ms", at(99)}};
+}
+
+}  // namespace
+
+std::string render_diagnosis(Gateway& gateway) {
+  // A prompt class stands for the tokens at its middle (the last, open one
+  // for 48k): the fit's x values.
+  constexpr std::array<std::string_view, router::kPromptClasses> kClassNames = {"<1k", "1k-8k",
+                                                                                "8k-32k", ">=32k"};
+  constexpr std::array<unsigned, router::kPromptClasses> kClassTokens = {500, 4500, 20000, 48000};
+  auto snapshot = gateway.snapshot();
+  const auto& router_config = snapshot->config->router;
+  const auto now = Clock::now();
+  nlohmann::json deployments = nlohmann::json::array();
+  for (const auto& model : snapshot->config->models) {
+    for (const auto& deployment : model.deployments) {
+      auto* state = snapshot->router->state(deployment.id);
+      if (!state) continue;
+      nlohmann::json entry = {{"model", model.name},
+                              {"deployment", deployment.id},
+                              {"warm_connections", deployment.warm_connections},
+                              {"ttfb", window_json(state->ttft, now)}};
+      if (router_config.diagnosis) {
+        entry["connect"] = window_json(state->connect_times, now);
+        entry["tls"] = window_json(state->tls_times, now);
+        auto by_in_flight = nlohmann::json::array();
+        for (std::size_t i = 0; i < router::kInFlightBuckets; ++i) {
+          auto bucket = window_json(state->ttft_by_in_flight[i], now);
+          bucket["in_flight"] = router::kInFlightBucketFloors[i];
+          by_in_flight.push_back(std::move(bucket));
+        }
+        entry["in_flight"] = std::move(by_in_flight);
+      }
+      if (router_config.prompt_classes) {
+        auto classes = nlohmann::json::array();
+        for (std::size_t i = 0; i < router::kPromptClasses; ++i) {
+          auto bucket = window_json(state->ttft_by_class[i], now);
+          bucket["class"] = kClassNames[i];
+          bucket["tokens"] = kClassTokens[i];
+          classes.push_back(std::move(bucket));
+        }
+        entry["prompt_classes"] = std::move(classes);
+      }
+      deployments.push_back(std::move(entry));
+    }
+  }
+  return nlohmann::json{{"diagnosis", router_config.diagnosis},
+                        {"prompt_classes", router_config.prompt_classes},
+                        {"deployments", std::move(deployments)}}
+      .dump(2);
+}
+
+namespace {
+
 bool authorized(const http::request<http::string_body>& request, const std::string& key) {
   if (key.empty()) return true;
   auto header = request[http::field::authorization];
@@ -158,6 +226,8 @@ net::awaitable<void> serve_admin_connection(Gateway& gateway, net::ip::tcp::sock
       response.body() = gateway.registry().render();
     } else if (target == "/admin/routes" && request.method() == http::verb::get) {
       response.body() = render_routes(gateway);
+    } else if (target == "/admin/diagnosis" && request.method() == http::verb::get) {
+      response.body() = render_diagnosis(gateway);
     } else if (target == "/admin/reload" && request.method() == http::verb::post) {
       auto outcome = gateway.reload();
       if (outcome.error.empty()) {

@@ -339,6 +339,14 @@ std::unique_ptr<AttemptTask> take_winner(router::Plan& plan, AttemptTally& tally
               exchange.timing().first_byte);
   tally.answered = &deployment;
   tally.records.push_back(attempt_record(deployment, exchange, "ok"));
+  if (plan.diagnosing() && !exchange.timing().reused) {
+    const auto& timing = exchange.timing();
+    plan.note_new_connection(
+        winner->attempt,
+        std::chrono::duration_cast<router::Micros>(timing.connected - timing.started),
+        std::chrono::duration_cast<router::Micros>(timing.secured - timing.connected),
+        timing.first_byte);
+  }
   for (const auto& task : tasks) {
     if (task && task.get() != winner && task->abort_handle.aborted()) {
       tally.records.push_back({task->attempt.deployment->id, "lost_hedge", std::nullopt,

@@ -48,13 +48,7 @@ std::shared_ptr<const Snapshot> Snapshot::build(config::ConfigPtr config,
   snapshot->models_json = render_model_list(*config, nullptr);
   for (const auto& model : config->models) {
     for (const auto& deployment : model.deployments) {
-      std::string fields;
-      for (const auto& [name, value] : deployment.headers) {
-        fields.append(name).append(": ").append(value).append("\r\n");
-      }
-      if (!deployment.api_key.empty()) {
-        fields.append("Authorization: Bearer ").append(deployment.api_key).append("\r\n");
-      }
+      std::string fields = upstream::deployment_fields(deployment);
       std::string model_literal;
       append_json_string(model_literal, deployment.upstream_model);
       snapshot->deployments.emplace(

@@ -42,4 +42,15 @@ Origin Origin::from(const config::Deployment& deployment) {
   return origin;
 }
 
+std::string deployment_fields(const config::Deployment& deployment) {
+  std::string fields;
+  for (const auto& [name, value] : deployment.headers) {
+    fields.append(name).append(": ").append(value).append("\r\n");
+  }
+  if (!deployment.api_key.empty()) {
+    fields.append("Authorization: Bearer ").append(deployment.api_key).append("\r\n");
+  }
+  return fields;
+}
+
 }  // namespace sluice::upstream

@@ -70,6 +70,12 @@ TEST(AdaptiveConfig, ReadsTheRouterSection) {
   EXPECT_FALSE(off->router.quality.enabled);
 }
 
+TEST(AdaptiveConfig, DiagnosisWindowsAreOffUnlessAskedFor) {
+  EXPECT_FALSE(load_string(kOneModel, kNoEnv)->router.diagnosis);
+  EXPECT_TRUE(load_string("router: {diagnosis: true}\n" + kOneModel, kNoEnv)->router.diagnosis);
+  EXPECT_THROW(load_string("router: {diagnosis: sometimes}\n" + kOneModel, kNoEnv), ConfigError);
+}
+
 TEST(AdaptiveConfig, ErrorsNameTheirPath) {
   expect_error(
       "models:\n  - name: m\n    deployments:\n      - base_url: http://127.0.0.1:8000\n"

@@ -669,6 +669,22 @@ TEST(MockServer, TtftDelaysTheResponse) {
   EXPECT_GE(Clock::now() - started, 190ms);
 }
 
+TEST(MockServer, AcceptDelayHoldsOnlyAFreshConnection) {
+  Behaviour behaviour;
+  behaviour.accept_delay = 150ms;
+  auto mock = start_mock(behaviour);
+  TestClient client(mock->port());
+  auto started = Clock::now();
+  EXPECT_EQ(client.post("/v1/chat/completions", chat_body()).result_int(), 200);
+  EXPECT_GE(Clock::now() - started, 140ms);
+
+  // The same connection again: the hold was paid once, on arrival.
+  started = Clock::now();
+  EXPECT_EQ(client.post("/v1/chat/completions", chat_body()).result_int(), 200);
+  EXPECT_LT(Clock::now() - started, 100ms);
+  EXPECT_EQ(mock->stats().connections_accepted, 1u);
+}
+
 TEST(MockServer, ScriptedErrorStatusesFollowOpenAiConventions) {
   auto mock = start_mock();
   TestClient client(mock->port());

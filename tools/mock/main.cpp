@@ -41,6 +41,8 @@ translations, models) whose timing and failures are scripted. It also answers
   --threads N            serving threads (default 1)
   --ttft DUR             delay before the first token (default 0)
   --ttft-per-token DUR   extra first-token delay per prompt token (default 0)
+  --accept-delay DUR     hold each new connection this long before reading it
+                         (a slow network, seen on fresh connections only; default 0)
   --interval DUR         gap between stream events (default 0)
   --tokens N             tokens per completion (default 8)
   --slots N              queueing: N answers at once, the rest wait (default 0: no queue)
@@ -184,6 +186,8 @@ Arguments parse_arguments(int argc, char** argv) {
       auto duration = parse_duration(value());
       if (!duration) throw UsageError{"invalid duration for --ttft-per-token"};
       behaviour.ttft_per_prompt_token = *duration;
+    } else if (option == "--accept-delay") {
+      behaviour.accept_delay = duration_option(option, value());
     } else if (option == "--interval") {
       behaviour.interval = duration_option(option, value());
     } else if (option == "--tokens") {

@@ -1056,6 +1056,10 @@ std::optional<std::string> apply_behaviour_json(const Json& document, Behaviour&
       ok = value.is_number_unsigned() && value.get<std::uint64_t>() <= kMaxHeaderDuration;
       if (ok)
         behaviour.ttft_per_prompt_token = std::chrono::microseconds(value.get<std::uint64_t>());
+    } else if (key == "accept_delay_ms") {
+      auto v = milliseconds();
+      ok = v.has_value();
+      if (ok) behaviour.accept_delay = *v;
     } else if (key == "interval_ms") {
       auto v = milliseconds();
       ok = v.has_value();
@@ -1120,6 +1124,7 @@ Json behaviour_json(const Behaviour& behaviour) {
   return {
       {"ttft_ms", behaviour.ttft.count()},
       {"ttft_per_token_us", behaviour.ttft_per_prompt_token.count()},
+      {"accept_delay_ms", behaviour.accept_delay.count()},
       {"interval_ms", behaviour.interval.count()},
       {"tokens", behaviour.tokens},
       {"slots", behaviour.slots},
@@ -1671,6 +1676,12 @@ class Connection final : public ConnectionHandle,
   }
 
   static awaitable<void> run(std::shared_ptr<Connection> self) {
+    const auto accept_delay = self->state_.behaviour_snapshot().accept_delay;
+    if (accept_delay.count() > 0) {
+      self->sleep_timer_.expires_after(accept_delay);
+      co_await self->sleep_timer_.async_wait(use_tuple);
+      if (self->closed_) co_return;
+    }
     if constexpr (kTls) {
       auto [error] = co_await self->stream_.async_handshake(ssl::stream_base::server, use_tuple);
       if (error) {

@@ -26,6 +26,12 @@ struct Behaviour {
   // x-mock-ttft-per-token-us: extra delay per estimated prompt token
   // (characters of all message contents / 4), to model prefill cost.
   std::chrono::microseconds ttft_per_prompt_token{0};
+  // How long each new connection is held after it is accepted, before its
+  // TLS handshake or first read, as a slow network or a far-away load
+  // balancer would: the client sees it on a fresh connection only, never on
+  // a kept-alive one. Connection-wide, so there is no header for it
+  // (--accept-delay, "accept_delay_ms" in POST /mock/behaviour).
+  std::chrono::milliseconds accept_delay{0};
   // x-mock-interval-ms: gap between stream events.
   std::chrono::milliseconds interval{0};
   // x-mock-tokens: content tokens in the completion.

@@ -233,6 +233,10 @@ struct Router {
   // 8k-32k, >= 32k): latency routing, `ttft: auto` and `hedge.after: p95`
   // compare requests of like size.
   bool prompt_classes = false;
+  // Keeps what `sluice doctor --from` reads on /admin/diagnosis: first-byte
+  // times by the requests in flight, and new connections' connect and TLS
+  // times.
+  bool diagnosis = false;
 };
 
 struct Log {

@@ -85,6 +85,12 @@ class DeadlineCache {
 inline constexpr std::size_t kPromptClasses = 4;
 std::size_t prompt_class_of(std::uint64_t estimated_prompt_tokens);
 
+// Requests in flight by powers of two: 1, 2-3, 4-7, 8-15, 16 and more.
+inline constexpr std::size_t kInFlightBuckets = 5;
+std::size_t in_flight_bucket(int in_flight);
+// The lowest count of each bucket.
+inline constexpr std::array<unsigned, kInFlightBuckets> kInFlightBucketFloors{1, 2, 4, 8, 16};
+
 // Live state of one deployment, shared by every thread and every request.
 class DeploymentState {
  public:
@@ -101,6 +107,12 @@ class DeploymentState {
   // also goes to `ttft`, the whole window), and a deadline cache for each.
   std::array<LatencyWindow, kPromptClasses> ttft_by_class;
   std::array<DeadlineCache, kPromptClasses> class_deadlines;
+  // With router.diagnosis: first-byte times by the requests in flight to
+  // the deployment when each was let through (in_flight_bucket), and the
+  // connect and TLS times of new connections.
+  std::array<LatencyWindow, kInFlightBuckets> ttft_by_in_flight;
+  LatencyWindow connect_times;
+  LatencyWindow tls_times;
   // With `max_parallel: auto`.
   ConcurrencyLimit concurrency;
 

@@ -40,6 +40,9 @@ struct Attempt {
   bool probe = false;     // the one request let through after a cooldown ran out
   // The plan's (kNoPromptClass: none); one byte, in what was padding.
   std::uint8_t prompt_class = kNoPromptClass;
+  // With router.diagnosis: the requests in flight to the deployment once
+  // this one was let through (in_flight_bucket), also in what was padding.
+  std::uint8_t in_flight_bucket = 0;
   std::optional<Millis> hedge_after;  // start a hedge if no first byte by then
 };
 
@@ -105,6 +108,10 @@ class Plan {
   // would sink with every hedge won and fire hedges ever sooner. A losing
   // hedge began late, so its wait says nothing of its deployment.
   void lost_race(const Attempt& attempt, Micros waited, TimePoint now);
+  // With router.diagnosis: the winning attempt opened a new connection,
+  // which took `connect` (TCP) and `tls` (0 for plain HTTP).
+  bool diagnosing() const { return diagnosis_; }
+  void note_new_connection(const Attempt& attempt, Micros connect, Micros tls, TimePoint now) const;
   // A successful attempt's response was cut short by its client (gone, or
   // too slow to read): says nothing of the deployment, so no failure and no
   // total time; its TTFT, from report(), stands.
@@ -146,6 +153,7 @@ class Plan {
   const config::Model* requested_;
   bool stream_;
   std::uint8_t prompt_class_;  // kNoPromptClass when off; in what was padding
+  bool diagnosis_;             // router.diagnosis; in what was padding
   RandomBits random_;
   // Groups in the order they are tried: the requested model, then its
   // fallbacks (or context-window fallbacks once one is needed).

@@ -17,5 +17,9 @@ boost::asio::awaitable<void> serve_admin(Gateway& gateway,
 // The router view: per deployment its window percentiles, samples, in-flight
 // count, recent error rate and cooldown.
 std::string render_routes(Gateway& gateway);
+// GET /admin/diagnosis: what `sluice doctor --from` reads (first-byte times
+// overall, by requests in flight and by prompt class; new connections'
+// connect and TLS times), from the windows the router keeps.
+std::string render_diagnosis(Gateway& gateway);
 
 }  // namespace sluice::server

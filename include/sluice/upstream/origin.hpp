@@ -34,4 +34,8 @@ struct Origin {
   std::string host_header_;
 };
 
+// The deployment's own header lines ("Name: value\r\n"): its configured
+// headers, then its key as a bearer token when it has one.
+std::string deployment_fields(const config::Deployment& deployment);
+
 }  // namespace sluice::upstream
