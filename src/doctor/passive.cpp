@@ -98,14 +98,9 @@ net::awaitable<void> fetch(upstream::Http1Client& client, const upstream::Origin
   auto& exchange = *started.value();
   std::array<char, 16384> buffer;
   for (;;) {
-    auto buffered = exchange.read_buffered_body(buffer.data(), buffer.size());
-    std::optional<Result<std::size_t, upstream::UpstreamError>> read;
-    if (buffered) {
-      read.emplace(std::move(*buffered));
-    } else {
-      auto waited = co_await exchange.read_body(buffer.data(), buffer.size());
-      read.emplace(std::move(waited));
-    }
+    // What the connection holds already, else a read of the socket.
+    auto read = exchange.read_buffered_body(buffer.data(), buffer.size());
+    if (!read) read = co_await exchange.read_body(buffer.data(), buffer.size());
     if (!*read) {
       error = read->error().describe();
       co_return;

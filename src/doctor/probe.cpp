@@ -101,14 +101,9 @@ net::awaitable<Outcome> send_one(upstream::Http1Client& client, const Wiring& wi
   std::array<char, 8192> buffer;
   std::optional<TimePoint> first_data;
   for (;;) {
-    auto buffered = exchange.read_buffered_body(buffer.data(), buffer.size());
-    std::optional<Result<std::size_t, upstream::UpstreamError>> read;
-    if (buffered) {
-      read.emplace(std::move(*buffered));
-    } else {
-      auto waited = co_await exchange.read_body(buffer.data(), buffer.size());
-      read.emplace(std::move(waited));
-    }
+    // What the connection holds already, else a read of the socket.
+    auto read = exchange.read_buffered_body(buffer.data(), buffer.size());
+    if (!read) read = co_await exchange.read_body(buffer.data(), buffer.size());
     if (!*read) {
       if (!refused) outcome.failure = describe(read->error());
       break;

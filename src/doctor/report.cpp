@@ -32,6 +32,18 @@ nlohmann::json spread_json(const Spread& spread) {
           {"p99_ms", spread.p99},      {"iqr_ms", spread.iqr},       {"mean_ms", spread.mean}};
 }
 
+// The network step's rows, in the order every output lists them.
+template <class Row>
+void for_each_network_row(const NetworkFindings& network, Row row) {
+  row("DNS", network.dns);
+  row("connect", network.connect);
+  row("TLS", network.tls);
+  row("TTFB fresh", network.fresh_ttfb);
+  row("TTFB pooled", network.pooled_ttfb);
+  row("TTFT fresh", network.fresh_ttft);
+  row("TTFT pooled", network.pooled_ttft);
+}
+
 }  // namespace
 
 void conclude(DeploymentReport& report, unsigned warm_connections, double p99_ttft_ms) {
@@ -99,13 +111,7 @@ std::string render_text(const std::vector<DeploymentReport>& reports) {
         out += "    " + pad(name, 12) + pad(ms_cell(spread.median), 11) + ms_cell(spread.p95) +
                " ms\n";
       };
-      row("DNS", n->dns);
-      row("connect", n->connect);
-      row("TLS", n->tls);
-      row("TTFB fresh", n->fresh_ttfb);
-      row("TTFB pooled", n->pooled_ttfb);
-      row("TTFT fresh", n->fresh_ttft);
-      row("TTFT pooled", n->pooled_ttft);
+      for_each_network_row(*n, row);
       out += "    a new connection adds " + format_ms(n->setup_ms) + "; network share of TTFT " +
              fixed(n->share_fresh * 100, "%.0f") + "% fresh, " +
              fixed(n->share_pooled * 100, "%.0f") + "% pooled\n";
@@ -248,13 +254,7 @@ std::string render_markdown(const std::vector<DeploymentReport>& reports,
         out += std::string("| ") + name + " | " + ms_cell(spread.median) + " | " +
                ms_cell(spread.p95) + " |\n";
       };
-      row("DNS", n->dns);
-      row("connect", n->connect);
-      row("TLS", n->tls);
-      row("TTFB fresh", n->fresh_ttfb);
-      row("TTFB pooled", n->pooled_ttfb);
-      row("TTFT fresh", n->fresh_ttft);
-      row("TTFT pooled", n->pooled_ttft);
+      for_each_network_row(*n, row);
       out += "\nA new connection adds " + format_ms(n->setup_ms) + "; the network is " +
              fixed(n->share_fresh * 100, "%.0f") + "% of TTFT on a fresh connection.\n\n";
     }
