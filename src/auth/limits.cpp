@@ -5,7 +5,7 @@
 namespace sluice::auth {
 namespace {
 
-constexpr std::int64_t kMinuteNs = 60'000'000'000;
+constexpr std::int64_t kMinuteNs = GcraRate::kMinuteNs;
 // Debt beyond a year is an absurd token count, not a plan; capping it keeps
 // every sum below far from overflowing.
 constexpr std::int64_t kMaxDebtNs = 365LL * 24 * 3600 * 1'000'000'000;
@@ -26,47 +26,33 @@ Decision unlimited() { return {true, Nanos{0}, kUnlimited, Nanos{0}}; }
 // ---------------------------------------------------------------------------
 // Gcra
 
-Gcra::Gcra(std::uint64_t per_minute) : limit_(per_minute), interval_ns_(0), window_ns_(0) {
-  if (limit_ == 0) return;
-  auto requests = static_cast<std::int64_t>(std::min<std::uint64_t>(limit_, kMinuteNs));
-  interval_ns_ = kMinuteNs / requests;
-  window_ns_ = interval_ns_ * requests;
-}
-
 Decision Gcra::judge(std::int64_t owed) const {
-  if (limit_ == 0) return unlimited();
-  std::int64_t owed_after = owed + interval_ns_;
-  if (owed_after > window_ns_) {
-    std::int64_t left = std::max<std::int64_t>(0, window_ns_ - owed) / interval_ns_;
-    return {false, Nanos(owed_after - window_ns_), static_cast<std::uint64_t>(left), Nanos(owed)};
+  if (rate_.limit == 0) return unlimited();
+  const std::int64_t interval = rate_.interval_ns;
+  const std::int64_t window = rate_.window_ns;
+  const std::int64_t owed_after = owed + interval;
+  if (owed_after > window) {
+    const std::int64_t left = std::max<std::int64_t>(0, window - owed) / interval;
+    return {false, Nanos(owed_after - window), static_cast<std::uint64_t>(left), Nanos(owed)};
   }
-  return {true, Nanos{0}, static_cast<std::uint64_t>((window_ns_ - owed_after) / interval_ns_),
+  return {true, Nanos{0}, static_cast<std::uint64_t>((window - owed_after) / interval),
           Nanos(owed_after)};
 }
 
 std::uint64_t Gcra::remaining_when_owed(std::int64_t owed) const {
-  if (limit_ == 0) return kUnlimited;
-  return owed >= window_ns_ ? 0 : static_cast<std::uint64_t>((window_ns_ - owed) / interval_ns_);
+  if (rate_.limit == 0) return kUnlimited;
+  return owed >= rate_.window_ns
+             ? 0
+             : static_cast<std::uint64_t>((rate_.window_ns - owed) / rate_.interval_ns);
 }
 
 Decision Gcra::try_acquire(TimePoint now) {
-  if (limit_ == 0) return unlimited();
-  std::int64_t now_ns = to_ns(now);
-  std::int64_t tat = tat_ns_.load(kRelaxed);
-  for (;;) {
-    std::int64_t start = std::max(tat, now_ns);
-    Decision decision = judge(start - now_ns);
-    if (!decision.allowed) return decision;
-    if (tat_ns_.compare_exchange_weak(tat, start + interval_ns_, kRelaxed, kRelaxed)) {
-      return decision;
-    }
-  }
+  if (rate_.limit == 0) return unlimited();
+  return judge(clock_.take(rate_, now).owed_ns);
 }
 
 void Gcra::refund() {
-  // Leaves the TAT at or before "now" when the take found an idle budget,
-  // which reads as full, exactly as before the take.
-  if (limit_ != 0) tat_ns_.fetch_sub(interval_ns_, kRelaxed);
+  if (rate_.limit != 0) clock_.refund(rate_);
 }
 
 std::uint64_t Gcra::remaining(TimePoint now) const {
@@ -74,9 +60,8 @@ std::uint64_t Gcra::remaining(TimePoint now) const {
 }
 
 Nanos Gcra::reset_after(TimePoint now) const {
-  if (limit_ == 0) return Nanos{0};
-  std::int64_t now_ns = to_ns(now);
-  return Nanos(std::max(tat_ns_.load(kRelaxed), now_ns) - now_ns);
+  if (rate_.limit == 0) return Nanos{0};
+  return Nanos(clock_.owed_ns(now));
 }
 
 // ---------------------------------------------------------------------------

@@ -219,37 +219,22 @@ bool DeploymentState::try_acquire(unsigned max_parallel) {
 
 void DeploymentState::release() { in_flight_.fetch_sub(1, std::memory_order_relaxed); }
 
-// At a minute boundary one thread wins the CAS on rpm_minute_ and zeroes the
-// count; a thread that already saw the new minute may take a unit just before
-// that reset, so a few requests more than `rpm` can pass right at the
-// boundary. That is accepted instead of a lock.
 bool DeploymentState::try_take_rpm(unsigned rpm, TimePoint now) {
   if (rpm == 0) return true;
-  const std::int64_t minute = minute_of(ticks(now));
-  std::int64_t seen = rpm_minute_.load(std::memory_order_acquire);
-  if (seen < minute &&
-      rpm_minute_.compare_exchange_strong(seen, minute, std::memory_order_acq_rel)) {
-    rpm_used_.store(0, std::memory_order_release);
-  }
-  unsigned used = rpm_used_.load(std::memory_order_relaxed);
-  while (used < rpm) {
-    if (rpm_used_.compare_exchange_weak(used, used + 1, std::memory_order_relaxed)) return true;
-  }
-  return false;
+  return rpm_clock_.take(GcraRate(rpm), now).admitted;
 }
 
 bool DeploymentState::rpm_available(unsigned rpm, TimePoint now) const {
   if (rpm == 0) return true;
-  if (rpm_minute_.load(std::memory_order_acquire) < minute_of(ticks(now))) return true;
-  return rpm_used_.load(std::memory_order_relaxed) < rpm;
+  return GcraRate(rpm).admits(rpm_clock_.owed_ns(now));
 }
 
 void DeploymentState::count_outcome(TimePoint now, bool attempt, bool failure) {
   if (attempt) attempts_.fetch_add(1, std::memory_order_relaxed);
   if (failure) failures_.fetch_add(1, std::memory_order_relaxed);
 
-  // Same benign boundary race as the rpm window: a count may land in the
-  // bucket just before it is zeroed.
+  // A benign boundary race: a count may land in the bucket just before it
+  // is zeroed.
   const std::int64_t minute = minute_of(ticks(now));
   std::int64_t seen = minute_start_.load(std::memory_order_acquire);
   if (seen < minute &&

@@ -35,18 +35,21 @@ TEST(DeploymentState, ZeroMaxParallelIsUnlimited) {
   EXPECT_EQ(state.in_flight(), 1000);
 }
 
-TEST(DeploymentState, RpmBudgetIsSpentAndRefilledNextMinute) {
+TEST(DeploymentState, RpmIsABurstThenOneEveryIntervalAsAKeysRpm) {
   DeploymentState state(8, kBase);
+  // rpm 3: a burst of three, then one every 20 s.
   EXPECT_TRUE(state.rpm_available(3, kBase + 1s));
   EXPECT_TRUE(state.try_take_rpm(3, kBase + 1s));
-  EXPECT_TRUE(state.try_take_rpm(3, kBase + 2s));
-  EXPECT_TRUE(state.try_take_rpm(3, kBase + 59s));
-  EXPECT_FALSE(state.rpm_available(3, kBase + 59s));
-  EXPECT_FALSE(state.try_take_rpm(3, kBase + 59s));
+  EXPECT_TRUE(state.try_take_rpm(3, kBase + 1s));
+  EXPECT_TRUE(state.try_take_rpm(3, kBase + 1s));
+  EXPECT_FALSE(state.rpm_available(3, kBase + 1s));
+  EXPECT_FALSE(state.try_take_rpm(3, kBase + 20s));
 
-  EXPECT_TRUE(state.rpm_available(3, kBase + 60s));
-  EXPECT_TRUE(state.try_take_rpm(3, kBase + 60s));
-  EXPECT_TRUE(state.rpm_available(3, kBase + 61s));
+  EXPECT_TRUE(state.rpm_available(3, kBase + 21s));
+  EXPECT_TRUE(state.try_take_rpm(3, kBase + 21s));
+  EXPECT_FALSE(state.try_take_rpm(3, kBase + 21s));
+  EXPECT_FALSE(state.rpm_available(3, kBase + 40s));
+  EXPECT_TRUE(state.rpm_available(3, kBase + 41s));
 }
 
 TEST(DeploymentState, ZeroRpmIsUnlimited) {
@@ -59,7 +62,8 @@ TEST(DeploymentState, RpmWorksForClocksBeforeTheEpoch) {
   DeploymentState state(8, kBase);
   EXPECT_TRUE(state.try_take_rpm(1, kBase - 10s));
   EXPECT_FALSE(state.try_take_rpm(1, kBase - 5s));
-  EXPECT_TRUE(state.try_take_rpm(1, kBase + 1s));
+  EXPECT_FALSE(state.try_take_rpm(1, kBase + 49s));
+  EXPECT_TRUE(state.try_take_rpm(1, kBase + 50s));
 }
 
 TEST(DeploymentState, CoolsDownAfterFailsWithinTheWindow) {

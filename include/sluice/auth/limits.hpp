@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "sluice/common/clock.hpp"
+#include "sluice/common/gcra.hpp"
 #include "sluice/config/config.hpp"
 
 // Per-key budgets, shared by every thread. Each limiter is one atomic word
@@ -27,18 +28,11 @@ struct Decision {
   Nanos reset_after{0};         // until the budget is whole again
 };
 
-// Requests per minute as a GCRA (generic cell rate algorithm): each request
-// pushes a "theoretical arrival time" (TAT) one emission interval
-// (60s / rpm) into the future, and a request is let in while that leaves
-// the TAT at most a minute ahead of now. A full minute's budget may be spent
-// at once: after exactly `rpm` requests in a burst the next is denied, and
-// one more is allowed every 60s / rpm after that.
-//
-// The interval is a whole number of nanoseconds (rounded down), so with an
-// rpm that does not divide 60e9 the "minute" is a hair shorter.
+// Requests per minute as a GCRA (common/gcra.hpp has the arithmetic, which
+// the deployment budgets and the shared store's scripts use too).
 class Gcra {
  public:
-  explicit Gcra(std::uint64_t per_minute);  // 0 = unlimited
+  explicit Gcra(std::uint64_t per_minute) : rate_(per_minute) {}  // 0 = unlimited
 
   Decision try_acquire(TimePoint now);
   // Gives back one request taken by an allowed try_acquire, for when a
@@ -47,7 +41,7 @@ class Gcra {
 
   std::uint64_t remaining(TimePoint now) const;
   Nanos reset_after(TimePoint now) const;
-  std::uint64_t limit() const { return limit_; }
+  std::uint64_t limit() const { return rate_.limit; }
 
   // The arithmetic of try_acquire without the state: the answer for a
   // request that finds the TAT `owed_ns` ahead of now (0 when idle). A
@@ -56,16 +50,12 @@ class Gcra {
   Decision judge(std::int64_t owed_ns) const;
   // remaining() for a TAT `owed_ns` ahead of now.
   std::uint64_t remaining_when_owed(std::int64_t owed_ns) const;
-  std::int64_t interval_ns() const { return interval_ns_; }
-  std::int64_t window_ns() const { return window_ns_; }
+  std::int64_t interval_ns() const { return rate_.interval_ns; }
+  std::int64_t window_ns() const { return rate_.window_ns; }
 
  private:
-  std::uint64_t limit_;
-  std::int64_t interval_ns_;  // 60s / limit
-  std::int64_t window_ns_;    // limit * interval, at most a minute
-  // Nanoseconds on the steady clock; the lowest value means "never used",
-  // so the first request always finds a full budget whatever the clock.
-  std::atomic<std::int64_t> tat_ns_{std::numeric_limits<std::int64_t>::min()};
+  GcraRate rate_;
+  GcraClock clock_;
 };
 
 // Tokens per minute, the same idea over tokens: a request is charged its

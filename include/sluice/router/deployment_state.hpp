@@ -10,6 +10,7 @@
 #include <string>
 
 #include "sluice/common/clock.hpp"
+#include "sluice/common/gcra.hpp"
 #include "sluice/config/config.hpp"
 #include "sluice/router/concurrency_limit.hpp"
 
@@ -127,7 +128,9 @@ class DeploymentState {
   void release();
   int in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
 
-  // Requests-per-minute budget (0 = unlimited): a fixed one-minute window.
+  // Requests-per-minute budget (0 = unlimited): the same GCRA as a key's
+  // rpm (common/gcra.hpp), so that a deployment's budget answers alike
+  // kept here or in a shared store.
   bool try_take_rpm(unsigned rpm, TimePoint now);
 
   // Cooldown: `fails` failures within `within` take the deployment out for
@@ -179,8 +182,7 @@ class DeploymentState {
 
   TimePoint epoch_;
   std::atomic<int> in_flight_{0};
-  std::atomic<std::int64_t> rpm_minute_{kUnset};
-  std::atomic<unsigned> rpm_used_{0};
+  GcraClock rpm_clock_;
   std::atomic<unsigned> recent_failures_{0};
   std::atomic<std::int64_t> failure_window_start_{kUnset};
   std::atomic<std::int64_t> cooldown_until_{kUnset};
