@@ -27,9 +27,20 @@ local function store(key, ahead)
 end
 )lua";
 
-std::string with_clock(std::string_view body) {
+// Moves a TAT by ARGV[1] ns (a charge, or a refund when negative), never
+// below "now" nor above ARGV[2] ns ahead of it.
+constexpr const char* kSettle = R"lua(
+local next = owed(KEYS[1]) + tonumber(ARGV[1])
+if next < 0 then next = 0 end
+local most = tonumber(ARGV[2])
+if next > most then next = most end
+store(KEYS[1], next)
+return next
+)lua";
+
+std::string with_clock(std::string_view body, std::string_view tail = {}) {
   std::string source(kClock);
-  source.append(body);
+  source.append(body).append(tail);
   return source;
 }
 
@@ -65,27 +76,12 @@ return {0, rpm_owed, tpm_owed}
 }
 
 const Script& settle_script() {
-  static const Script script(with_clock(R"lua(
-local next = owed(KEYS[1]) + tonumber(ARGV[1])
-if next < 0 then next = 0 end
-local most = tonumber(ARGV[2])
-if next > most then next = most end
-store(KEYS[1], next)
-return next
-)lua"));
+  static const Script script(with_clock(kSettle));
   return script;
 }
 
 const Script& settle_and_release_script() {
-  static const Script script(with_clock(R"lua(
-redis.call('ZREM', KEYS[2], ARGV[3])
-local next = owed(KEYS[1]) + tonumber(ARGV[1])
-if next < 0 then next = 0 end
-local most = tonumber(ARGV[2])
-if next > most then next = most end
-store(KEYS[1], next)
-return next
-)lua"));
+  static const Script script(with_clock("\nredis.call('ZREM', KEYS[2], ARGV[3])", kSettle));
   return script;
 }
 
