@@ -4,6 +4,8 @@
 
 #include <future>
 #include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
 
 #include "support/gateway_fixture.hpp"
 #include "support/http_client.hpp"
@@ -73,6 +75,34 @@ TEST_F(SharedDeploymentLimits, RpmHoldsAcrossThreeGatewaysWithExactNumbers) {
   // Hash-tagged by the deployment, named with its limit.
   auto keys = redis.command({"KEYS", "sluice:{dep:limited}:*"});
   EXPECT_NE(keys.find("sluice:{dep:limited}:rpm:6"), std::string::npos) << keys;
+}
+
+// The statuses of a burst one past a deployment's rpm of 120, then of two
+// requests once one emission interval (500 ms) has passed.
+std::vector<unsigned> rpm_answers(TestGateway& gateway) {
+  std::vector<unsigned> statuses;
+  for (int i = 0; i < 121; ++i) statuses.push_back(ask_chat(gateway).status);
+  std::this_thread::sleep_for(600ms);
+  statuses.push_back(ask_chat(gateway).status);
+  statuses.push_back(ask_chat(gateway).status);
+  return statuses;
+}
+
+TEST_F(SharedDeploymentLimits, OneGatewayGetsTheSameRpmAnswersFromEitherBackend) {
+  auto upstream = start_mock();
+  RedisServer redis;
+  const std::string models =
+      "models:\n  - name: chat\n    deployments:\n" +
+      deployment_yaml("limited", upstream->base_url(), "        rpm: 120\n");
+  TestGateway local("server:\n  threads: 2\n" + models);
+  auto shared = three_sharing_deployments(redis, models);
+
+  std::vector<unsigned> expected(120, 200u);
+  expected.push_back(503u);  // the burst is spent
+  expected.push_back(200u);  // one more every 60 s / 120
+  expected.push_back(503u);
+  EXPECT_EQ(rpm_answers(local), expected);
+  EXPECT_EQ(rpm_answers(*shared[0]), expected);
 }
 
 TEST_F(SharedDeploymentLimits, AFullDeploymentPassesTheRequestToTheNextOne) {
