@@ -222,18 +222,19 @@ void settle_answer(RequestContext& context, const ForwardedRequest& inputs, rout
               finished_at);
 }
 
-// Relays the winner's response to the client and settles the attempt.
-net::awaitable<bool> relay_answer(RequestContext& context, const ForwardedRequest& inputs,
-                                  router::Plan& plan, AttemptTask& winner,
-                                  stream::ClientWatch& watch) {
+// The answer's head fields and the relay's options, before the first byte
+// goes to the client. (This and finish_answer are plain code, so that their
+// locals stay out of relay_answer's coroutine frame: a frame over about 1 KiB
+// is not recycled by Asio and costs the allocator's slow path per request.)
+stream::RelayOptions begin_answer(RequestContext& context, const ForwardedRequest& inputs,
+                                  AttemptTask& winner, stream::ClientWatch& watch) {
   auto& exchange = *winner.result->value();
-  const auto& deployment = *winner.attempt.deployment;
   const auto& timing = exchange.timing();
   context.upstream_ttfb = timing.first_byte - timing.sent;
   if (!timing.reused) context.upstream_connect = timing.secured - timing.started;
   // sluice's own time: before the request went upstream, and from the
-  // response head to the first write to the client (measured by the relay
-  // below; Server-Timing reports it up to here).
+  // response head to the first write to the client (measured by the relay;
+  // Server-Timing reports it up to here).
   context.gateway_time += winner.limits.started - context.body_read;
   // The relayed answer's own lines go after the ones the stages added, in the
   // same string: room for all of them at once.
@@ -265,26 +266,16 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ForwardedReques
     };
   }
   append_request_fields(context.response_fields, context);
-  stream::RelayOutcome outcome;
-  // An adapter may rewrite requests yet leave answers as they are (no
-  // translator): those are spliced through like any other.
-  std::unique_ptr<stream::AnswerTranslator> translator;
-  if (const auto& adapter = *winner.wiring->adapter; !adapter.passes_through(inputs.dialect)) {
-    translator = adapter.translate_answer(inputs.dialect);
-  }
-  if (!translator) {
-    stream::Relay relay(context.client, context.client_deadline, context.relay_buffers,
-                        context.snapshot->config->server.write_timeout);
-    outcome =
-        co_await relay.run(exchange, context.response_fields, context.keep_alive, relay_options);
-  } else {
-    if (inputs.dialect == protocol::Dialect::openai) {
-      relay_options.strip_usage_only_chunks = !inputs.client_wants_usage;
-    }
-    outcome = co_await relay_translated(context, winner, *translator, relay_options);
-  }
+  return relay_options;
+}
+
+// What the relayed answer tells the record and the plan, once it ended.
+void finish_answer(RequestContext& context, const ForwardedRequest& inputs, router::Plan& plan,
+                   AttemptTask& winner, stream::ClientWatch& watch,
+                   const stream::RelayOutcome& outcome, bool passed_through) {
+  auto& exchange = *winner.result->value();
   if (outcome.first_write != TimePoint{}) {
-    context.gateway_time += outcome.first_write - timing.first_byte;
+    context.gateway_time += outcome.first_write - exchange.timing().first_byte;
     context.record.ttft_ms = to_ms(outcome.first_write - context.head_started);
   }
   context.record.status = exchange.status();
@@ -296,6 +287,7 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ForwardedReques
   watch.unwatch(&winner.abort_handle);
   const auto finished_at = Clock::now();
   exchange.note_finished(finished_at);
+  context.answered_at = finished_at;
   // A client that left, or stopped reading, cut the response short: that
   // is no outcome of the deployment. An upstream that broke is, even if the
   // client then missed the error event.
@@ -304,12 +296,39 @@ net::awaitable<bool> relay_answer(RequestContext& context, const ForwardedReques
   if (!outcome.complete && !upstream_broke && (outcome.client_failed || watch.client_gone())) {
     plan.left_by_client(winner.attempt);
   } else {
-    settle_answer(context, inputs, plan, winner, outcome, !translator, finished_at);
+    settle_answer(context, inputs, plan, winner, outcome, passed_through, finished_at);
   }
+}
+
+// Relays the winner's response to the client and settles the attempt.
+net::awaitable<bool> relay_answer(RequestContext& context, const ForwardedRequest& inputs,
+                                  router::Plan& plan, AttemptTask& winner,
+                                  stream::ClientWatch& watch) {
+  stream::RelayOptions relay_options = begin_answer(context, inputs, winner, watch);
+  stream::RelayOutcome outcome;
+  // An adapter may rewrite requests yet leave answers as they are (no
+  // translator): those are spliced through like any other.
+  std::unique_ptr<stream::AnswerTranslator> translator;
+  if (const auto& adapter = *winner.wiring->adapter; !adapter.passes_through(inputs.dialect)) {
+    translator = adapter.translate_answer(inputs.dialect);
+  }
+  if (!translator) {
+    stream::Relay relay(context.client, context.client_deadline, context.relay_buffers,
+                        context.snapshot->config->server.write_timeout);
+    outcome = co_await relay.run(*winner.result->value(), context.response_fields,
+                                 context.keep_alive, relay_options);
+  } else {
+    if (inputs.dialect == protocol::Dialect::openai) {
+      relay_options.strip_usage_only_chunks = !inputs.client_wants_usage;
+    }
+    outcome = co_await relay_translated(context, winner, *translator, relay_options);
+  }
+  finish_answer(context, inputs, plan, winner, watch, outcome, !translator);
   if (outcome.nothing_sent && outcome.upstream_error && !watch.client_gone()) {
-    co_return co_await respond_broken_upstream(context, deployment, *outcome.upstream_error);
+    context.answered_at = {};  // the error answer below is the one the record times
+    co_return co_await respond_broken_upstream(context, *winner.attempt.deployment,
+                                               *outcome.upstream_error);
   }
-  context.answered_at = finished_at;
   co_return outcome.complete&& context.keep_alive && !outcome.close_delimited;
 }
 
