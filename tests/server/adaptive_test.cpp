@@ -40,11 +40,15 @@ std::string metrics_text(TestGateway& gateway) {
 // `reason`.
 void expect_quality_failures(TestGateway& gateway, const std::string& deployment,
                              const std::string& reason, int count) {
-  const auto metrics = metrics_text(gateway);
-  EXPECT_NE(metrics.find("sluice_quality_failures_total{deployment=\"" + deployment +
-                         "\",reason=\"" + reason + "\"} " + std::to_string(count)),
-            std::string::npos)
-      << deployment << " " << reason << "\n"
+  // The gateway judges an answer once its last byte is written, so the
+  // client may read the answer before the count moves.
+  const std::string line = "sluice_quality_failures_total{deployment=\"" + deployment +
+                           "\",reason=\"" + reason + "\"} " + std::to_string(count);
+  std::string metrics;
+  EXPECT_TRUE(eventually([&] {
+    metrics = metrics_text(gateway);
+    return metrics.find(line) != std::string::npos;
+  })) << line << "\n"
       << metrics;
 }
 
