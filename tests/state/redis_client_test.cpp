@@ -2,6 +2,8 @@
 // with the NOSCRIPT fallback, and the timeout that bounds every wait.
 #include <gtest/gtest.h>
 
+#include <hiredis/hiredis.h>
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
@@ -9,6 +11,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <functional>
 #include <thread>
+#include <vector>
 
 #include "sluice/state/redis_client.hpp"
 #include "support/redis_server.hpp"
@@ -51,6 +54,44 @@ void with_client(const config::RedisState& settings,
       net::detached);
   context.run_for(10s);
   EXPECT_TRUE(finished);
+}
+
+// hiredis's own formatter, as the oracle for the gateway's.
+std::string formatted_by_hiredis(const std::vector<std::string_view>& args) {
+  std::vector<const char*> argv;
+  std::vector<std::size_t> lengths;
+  for (const auto& arg : args) {
+    argv.push_back(arg.data());
+    lengths.push_back(arg.size());
+  }
+  char* formatted = nullptr;
+  const int length = redisFormatCommandArgv(&formatted, static_cast<int>(args.size()),
+                                            argv.data(), lengths.data());
+  std::string command(formatted, static_cast<std::size_t>(length));
+  redisFreeCommand(formatted);
+  return command;
+}
+
+TEST(RedisClient, CommandsAreFormattedAsHiredisFormatsThem) {
+  const std::string binary("a\0b\r\n", 5);
+  const std::string long_argument(70000, 'x');
+  const std::vector<std::vector<std::string_view>> commands{
+      {"PING"},
+      {"SET", "key", ""},
+      {"EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "3", "sluice:{key:a}:rpm:60",
+       "sluice:{key:a}:tpm:0", "sluice:{key:a}:par:0", "1000000000", "60000000000", "0", "0",
+       "0", "", "10000"},
+      {"SET", binary, long_argument},
+  };
+  for (const auto& command : commands) {
+    std::string ours = "already queued";
+    state::append_command(ours, command);
+    EXPECT_EQ(ours, "already queued" + formatted_by_hiredis(command)) << command[0];
+  }
+  std::vector<std::string_view> many(40, "v");
+  std::string ours;
+  state::append_command(ours, many);
+  EXPECT_EQ(ours, formatted_by_hiredis(many));
 }
 
 TEST(RedisClient, ScriptDigestIsRedisOwn) {

@@ -148,6 +148,9 @@ class RedisClient {
   std::string last_failure_;
 };
 
+// Appends one command, as RESP's array of bulk strings, to `out`.
+void append_command(std::string& out, std::span<const std::string_view> args);
+
 // Lua strings for the key names: prefix + "{" + tag + "}" + suffix, so that
 // every key of one client key (or one deployment) lies on one slot of a
 // Redis Cluster.
