@@ -51,10 +51,20 @@ std::shared_ptr<const Snapshot> Snapshot::build(config::ConfigPtr config,
       std::string fields = upstream::deployment_fields(deployment);
       std::string model_literal;
       append_json_string(model_literal, deployment.upstream_model);
-      snapshot->deployments.emplace(
-          &deployment,
-          Snapshot::DeploymentWiring{upstream::Origin::from(deployment), std::move(fields),
-                                     std::move(model_literal), protocol::make_adapter(deployment)});
+      auto& wiring = snapshot->deployments
+                         .emplace(&deployment, Snapshot::DeploymentWiring{
+                                                   upstream::Origin::from(deployment),
+                                                   std::move(fields), std::move(model_literal),
+                                                   protocol::make_adapter(deployment)})
+                         .first->second;
+      if (config->state.shared() && has_shared_limits(deployment)) {
+        wiring.shared_budget = shared_deployment_budget(config->state, deployment);
+      }
+    }
+  }
+  if (config->state.shared()) {
+    for (const auto& key : snapshot->auth->keys().keys()) {
+      snapshot->key_budgets.push_back(shared_key_budget(config->state, key));
     }
   }
   snapshot->config = std::move(config);

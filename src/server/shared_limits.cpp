@@ -2,6 +2,8 @@
 #include <string>
 
 #include "sluice/auth/limits.hpp"
+#include "sluice/common/gcra.hpp"
+#include "sluice/server/gateway.hpp"
 #include "sluice/server/phases.hpp"
 #include "sluice/state/limit_scripts.hpp"
 
@@ -15,16 +17,6 @@ namespace {
 // the scripts' doubles are still exact. The local bucket's cap is a year,
 // which no sane budget reaches either.
 constexpr std::int64_t kMostSharedDebtNs = std::int64_t{1} << 52;
-
-// A key's budgets in Redis, tagged by the key's name so that they share a
-// Cluster slot, and named with their limit: a key whose limit changes
-// starts afresh, as its local budgets do on a reload.
-std::string budget_key(const config::State& settings, const auth::KeyPolicy& key,
-                       std::string_view what, std::uint64_t limit) {
-  std::string name = state::tagged_key(settings.redis.key_prefix, "key:" + key.name, ":");
-  name.append(what).append(":").append(std::to_string(limit));
-  return name;
-}
 
 std::optional<auth::SharedVerdict> verdict_of(const std::optional<state::Reply>& reply) {
   if (!reply || reply->type != state::Reply::Type::array || reply->elements.size() != 3) {
@@ -55,7 +47,32 @@ std::optional<auth::SharedVerdict> verdict_of(const std::optional<state::Reply>&
   return verdict;
 }
 
+SharedBudget shared_budget(const config::State& settings, const std::string& tag,
+                           std::uint64_t rpm, std::uint64_t tpm, unsigned max_parallel) {
+  const std::string prefix = state::tagged_key(settings.redis.key_prefix, tag, ":");
+  const GcraRate requests(rpm);
+  return {prefix + "rpm:" + std::to_string(rpm),
+          prefix + "tpm:" + std::to_string(tpm),
+          prefix + "par:" + std::to_string(max_parallel),
+          std::to_string(requests.interval_ns),
+          std::to_string(requests.window_ns),
+          std::to_string(max_parallel),
+          std::to_string(settings.lease_ttl.count())};
+}
+
 }  // namespace
+
+SharedBudget shared_key_budget(const config::State& settings, const auth::KeyPolicy& key) {
+  return shared_budget(settings, "key:" + key.name, key.limits.rpm, key.limits.tpm,
+                       key.limits.max_parallel);
+}
+
+SharedBudget shared_deployment_budget(const config::State& settings,
+                                      const config::Deployment& deployment) {
+  // `max_parallel: auto` follows each instance's own latencies: not shared.
+  return shared_budget(settings, "dep:" + deployment.id, deployment.rpm, 0,
+                       deployment.max_parallel_auto ? 0 : deployment.max_parallel);
+}
 
 net::awaitable<Next> take_shared_limits(RequestContext& context, RequestJob& job, Next next) {
   const auth::AuthStage& stage = *context.snapshot->auth;
@@ -68,30 +85,22 @@ net::awaitable<Next> take_shared_limits(RequestContext& context, RequestJob& job
   if (limits.rpm == 0 && limits.tpm == 0 && limits.max_parallel == 0) {
     verdict.emplace();  // nothing to count, anywhere
   } else if (shared != nullptr && shared->redis().up()) {
-    const config::State& settings = shared->settings();
+    const SharedBudget& budget = context.snapshot->key_budget(key);
     const auth::KeyLimits* live = stage.limiters().find(key.name);
     const std::uint64_t estimate = admission.reserved_tokens();
-    std::array<std::string, 3> keys{budget_key(settings, key, "rpm", limits.rpm),
-                                    budget_key(settings, key, "tpm", limits.tpm),
-                                    budget_key(settings, key, "par", limits.max_parallel)};
     std::string lease_id = limits.max_parallel > 0 ? shared->next_lease_id() : std::string();
-    std::array<std::string, 7> args{
-        std::to_string(live->requests.interval_ns()),
-        std::to_string(live->requests.window_ns()),
-        limits.tpm > 0 ? "1" : "0",
-        std::to_string(limits.tpm > 0 && estimate > 0 ? live->tokens.cost_ns(estimate) : 0),
-        std::to_string(limits.max_parallel),
-        lease_id,
-        std::to_string(settings.lease_ttl.count())};
-    std::array<std::string_view, 3> key_views{keys[0], keys[1], keys[2]};
-    std::array<std::string_view, 7> arg_views{args[0], args[1], args[2], args[3],
-                                              args[4], args[5], args[6]};
+    const std::string cost =
+        std::to_string(limits.tpm > 0 && estimate > 0 ? live->tokens.cost_ns(estimate) : 0);
+    std::array<std::string_view, 3> key_views{budget.rpm_key, budget.tpm_key, budget.parallel_key};
+    std::array<std::string_view, 7> arg_views{budget.interval_ns, budget.window_ns,
+                                              limits.tpm > 0 ? "1" : "0", cost,
+                                              budget.max_parallel, lease_id, budget.lease_ttl_ms};
     auto reply = co_await shared->redis().eval(state::admit_script(), key_views, arg_views);
     verdict = verdict_of(reply);
     if (verdict && verdict->refused == auth::SharedVerdict::Refused::none &&
         limits.max_parallel > 0) {
       job.shared_lease = std::make_unique<SharedLease>();
-      job.shared_lease->set = std::move(keys[2]);
+      job.shared_lease->set = budget.parallel_key;
       job.shared_lease->id = std::move(lease_id);
       shared->hold(*job.shared_lease);
     }
@@ -113,38 +122,24 @@ net::awaitable<Next> take_shared_limits(RequestContext& context, RequestJob& job
 }
 
 net::awaitable<SharedDeploymentVerdict> take_shared_deployment_limits(
-    WorkerState& shared, const config::Deployment& deployment,
+    WorkerState& shared, const config::Deployment& deployment, const SharedBudget& budget,
     std::unique_ptr<SharedLease>& lease) {
   if (!shared.redis().up()) co_return SharedDeploymentVerdict::unavailable;
-  const config::State& settings = shared.settings();
-  const unsigned max_parallel = deployment.max_parallel_auto ? 0 : deployment.max_parallel;
-  // Named with their limit, as a key's are: a changed limit starts afresh.
-  const std::string prefix =
-      state::tagged_key(settings.redis.key_prefix, "dep:" + deployment.id, ":");
-  std::array<std::string, 2> keys{prefix + "rpm:" + std::to_string(deployment.rpm),
-                                  prefix + "par:" + std::to_string(max_parallel)};
-  const auth::Gcra requests(deployment.rpm);
-  std::string lease_id = max_parallel > 0 ? shared.next_lease_id() : std::string();
-  std::array<std::string, 7> args{std::to_string(requests.interval_ns()),
-                                  std::to_string(requests.window_ns()),
-                                  "0",
-                                  "0",
-                                  std::to_string(max_parallel),
-                                  lease_id,
-                                  std::to_string(settings.lease_ttl.count())};
+  const bool leased = deployment.max_parallel > 0 && !deployment.max_parallel_auto;
+  std::string lease_id = leased ? shared.next_lease_id() : std::string();
   // No tpm here: the script's tpm key is never read, the rpm key stands in.
-  std::array<std::string_view, 3> key_views{keys[0], keys[0], keys[1]};
-  std::array<std::string_view, 7> arg_views{args[0], args[1], args[2], args[3],
-                                            args[4], args[5], args[6]};
+  std::array<std::string_view, 3> key_views{budget.rpm_key, budget.rpm_key, budget.parallel_key};
+  std::array<std::string_view, 7> arg_views{budget.interval_ns, budget.window_ns, "0", "0",
+                                            budget.max_parallel, lease_id, budget.lease_ttl_ms};
   auto reply = co_await shared.redis().eval(state::admit_script(), key_views, arg_views);
   auto verdict = verdict_of(reply);
   if (!verdict) co_return SharedDeploymentVerdict::unavailable;
   if (verdict->refused != auth::SharedVerdict::Refused::none) {
     co_return SharedDeploymentVerdict::at_limit;
   }
-  if (max_parallel > 0) {
+  if (leased) {
     lease = std::make_unique<SharedLease>();
-    lease->set = std::move(keys[1]);
+    lease->set = budget.parallel_key;
     lease->id = std::move(lease_id);
     shared.hold(*lease);
   }
@@ -169,7 +164,7 @@ void settle_shared_limits(RequestContext& context, RequestJob& job,
   const auth::KeyLimits* live = context.snapshot->auth->limiters().find(key.name);
   // Difference of the two costs, as TokenBucket::settle charges it.
   const std::int64_t delta = live->tokens.cost_ns(*tokens_spent) - live->tokens.cost_ns(reserved);
-  std::string tpm_key = budget_key(shared->settings(), key, "tpm", key.limits.tpm);
+  const std::string& tpm_key = context.snapshot->key_budget(key).tpm_key;
   std::array<std::string, 2> args{std::to_string(delta), std::to_string(kMostSharedDebtNs)};
   if (lease == nullptr) {
     std::array<std::string_view, 1> keys{tpm_key};

@@ -53,8 +53,17 @@ struct Snapshot {
     std::string model_literal;
     std::unique_ptr<const protocol::Adapter> adapter;
     std::size_t transport = upstream::default_transport();
+    // With state.backend: redis and limits to share (has_shared_limits).
+    SharedBudget shared_budget{};
   };
   std::unordered_map<const config::Deployment*, DeploymentWiring> deployments;
+  // With state.backend: redis: each client key's shared budget, parallel to
+  // auth->keys().keys().
+  std::vector<SharedBudget> key_budgets;
+
+  const SharedBudget& key_budget(const auth::KeyPolicy& key) const {
+    return key_budgets[static_cast<std::size_t>(&key - auth->keys().keys().data())];
+  }
 
   const DeploymentWiring& wiring(const config::Deployment& deployment) const {
     return deployments.at(&deployment);

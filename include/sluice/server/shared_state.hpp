@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "sluice/auth/key_store.hpp"
 #include "sluice/config/config.hpp"
 #include "sluice/state/redis_client.hpp"
 
@@ -38,6 +39,27 @@ struct SharedLease {
 };
 
 class Worker;
+
+// The Redis key names and fixed script arguments of one client key's or one
+// deployment's shared limits: the same for every request under one config
+// snapshot, so made with the snapshot (Snapshot::key_budgets, and each
+// deployment's wiring) rather than per request. Keys are hash-tagged by the
+// client key or deployment, so that they share a Redis Cluster slot, and
+// named with their limit: a changed limit starts afresh, as a local budget
+// does on a reload.
+struct SharedBudget {
+  std::string rpm_key;
+  std::string tpm_key;
+  std::string parallel_key;
+  std::string interval_ns;  // the rpm GCRA's, "0" for no rpm
+  std::string window_ns;
+  std::string max_parallel;
+  std::string lease_ttl_ms;
+};
+
+SharedBudget shared_key_budget(const config::State& settings, const auth::KeyPolicy& key);
+SharedBudget shared_deployment_budget(const config::State& settings,
+                                      const config::Deployment& deployment);
 
 // How often an instance publishes its new cooldowns and reads the others':
 // a deployment cooled down anywhere is skipped everywhere within two ticks.
@@ -99,10 +121,11 @@ inline bool has_shared_limits(const config::Deployment& deployment) {
 enum class SharedDeploymentVerdict { admitted, at_limit, unavailable };
 
 // Takes an rpm unit and, with max_parallel, a lease (into `lease`, renewed
-// until it is destroyed) of `deployment` in Redis, by the key limits' script:
+// until it is destroyed) of `deployment` (whose `budget` it is) in Redis, by the key limits' script:
 // the same GCRA, keys hash-tagged per deployment. `unavailable` when Redis
 // does not answer: the caller falls back on state.on_unavailable.
 boost::asio::awaitable<SharedDeploymentVerdict> take_shared_deployment_limits(
-    WorkerState& shared, const config::Deployment& deployment, std::unique_ptr<SharedLease>& lease);
+    WorkerState& shared, const config::Deployment& deployment, const SharedBudget& budget,
+    std::unique_ptr<SharedLease>& lease);
 
 }  // namespace sluice::server
