@@ -4,7 +4,12 @@
 
 #include "sluice/config/config.hpp"
 
+#include <openssl/bio.h>
 #include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
@@ -20,6 +25,7 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string_view>
 #include <thread>
@@ -381,6 +387,9 @@ class Loader {
   void read_api_version(const Located& at, const MappingReader& map, Deployment& deployment) const;
   // The path, checked readable; "" for an explicit "" (system store only).
   std::string read_ca_file(const Located& at) const;
+  // The path at `at`, checked to be a readable file; `noun` names it.
+  std::string read_file_path(const Located& at, const std::string& noun) const;
+  void read_listener_tls(const Located& at, ListenerTls& tls) const;
   std::vector<std::string> read_model_references(const Located& at, const std::string& owner);
   void read_cache(const Located& at, const std::string& owner, Cache& cache);
   std::vector<std::string> read_default_for(const Located& at);
@@ -417,7 +426,7 @@ void Loader::read_server(const Located& at, Server& server) const {
   MappingReader map(
       at, {"listen", "threads", "max_body_bytes", "max_header_bytes", "header_timeout",
            "body_timeout", "keepalive_timeout", "write_timeout", "max_connections", "admin_listen",
-           "admin_key", "drain_timeout", "busy_poll_us"});
+           "admin_key", "drain_timeout", "busy_poll_us", "tls", "admin_tls"});
   if (auto value = map.get("listen")) {
     std::string text = read_string(*value);
     auto listen = parse_listen(text);
@@ -459,6 +468,8 @@ void Loader::read_server(const Located& at, Server& server) const {
       fail(*value, "must not contain line breaks");
     }
   }
+  if (auto value = map.get("tls")) read_listener_tls(*value, server.tls);
+  if (auto value = map.get("admin_tls")) read_listener_tls(*value, server.admin_tls);
   if (auto value = map.get("drain_timeout")) server.drain_timeout = read_positive_duration(*value);
   // More threads than this is a typo, not a machine.
   if (auto value = map.get("threads")) server.threads = read_uint(*value, 0, 1024);
@@ -1274,14 +1285,70 @@ std::string Loader::read_ca_file(const Located& at) const {
   if (path.empty()) return path;  // explicit "" = system store only
   // Checked now rather than at the first TLS handshake, which could be
   // hours later and only for the one deployment.
+  return read_file_path(at, "CA file");
+}
+
+std::string Loader::read_file_path(const Located& at, const std::string& noun) const {
+  std::string path = read_string(at);
+  if (path.empty()) fail(at, "must name a file");
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) fail(at, "CA file '" + path + "' does not exist");
+  if (!std::filesystem::exists(path, ec)) fail(at, noun + " '" + path + "' does not exist");
   if (!std::filesystem::is_regular_file(path, ec)) {
-    fail(at, "CA file '" + path + "' is not a regular file");
+    fail(at, noun + " '" + path + "' is not a regular file");
   }
   std::ifstream file(path);
-  if (!file) fail(at, "CA file '" + path + "' cannot be read");
+  if (!file) fail(at, noun + " '" + path + "' cannot be read");
   return path;
+}
+
+namespace {
+
+using Bio = std::unique_ptr<BIO, decltype(&BIO_free)>;
+using X509Ptr = std::unique_ptr<X509, decltype(&X509_free)>;
+using KeyPtr = std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)>;
+
+// The first certificate of a PEM file; null when it holds none.
+X509Ptr first_certificate(const std::string& path) {
+  Bio bio(BIO_new_file(path.c_str(), "r"), BIO_free);
+  if (!bio) return {nullptr, X509_free};
+  return {PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), X509_free};
+}
+
+}  // namespace
+
+void Loader::read_listener_tls(const Located& at, ListenerTls& tls) const {
+  // A failed read leaves errors queued on this thread, where a later TLS
+  // operation of this thread would find them and fail.
+  struct ClearErrors {
+    ~ClearErrors() { ERR_clear_error(); }
+  } clear_errors;
+  MappingReader map(at, {"cert", "key", "client_ca"});
+  // Everything a handshake will need is read now: a listener that starts,
+  // or a reload that is accepted, must not fail its first client instead.
+  const Located cert_at = map.require("cert");
+  const Located key_at = map.require("key");
+  tls.cert = read_file_path(cert_at, "certificate file");
+  tls.key = read_file_path(key_at, "key file");
+  auto cert = first_certificate(tls.cert);
+  if (!cert) fail(cert_at, "'" + tls.cert + "' holds no PEM certificate");
+  KeyPtr key(nullptr, EVP_PKEY_free);
+  if (Bio bio(BIO_new_file(tls.key.c_str(), "r"), BIO_free); bio) {
+    // An empty passphrase callback: an encrypted key fails here rather than
+    // prompting on the terminal.
+    key.reset(PEM_read_bio_PrivateKey(
+        bio.get(), nullptr, [](char*, int, int, void*) { return 0; }, nullptr));
+  }
+  if (!key) fail(key_at, "'" + tls.key + "' holds no unencrypted PEM private key");
+  if (X509_check_private_key(cert.get(), key.get()) != 1) {
+    fail(key_at, "the key in '" + tls.key + "' does not match the certificate in '" + tls.cert +
+                     "' (" + cert_at.path + ")");
+  }
+  if (auto value = map.get("client_ca")) {
+    tls.client_ca = read_file_path(*value, "CA file");
+    if (!first_certificate(tls.client_ca)) {
+      fail(*value, "'" + tls.client_ca + "' holds no PEM certificate");
+    }
+  }
 }
 
 Config Loader::load(const Located& root) {

@@ -2,6 +2,7 @@
 
 #include <openssl/crypto.h>
 
+#include <spdlog/spdlog.h>
 #include <array>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -9,6 +10,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
 #include <nlohmann/json.hpp>
 
 #include "sluice/http/network_errors.hpp"
@@ -202,12 +204,14 @@ bool authorized(const http::request<http::string_body>& request, const std::stri
          CRYPTO_memcmp(header.data(), expected.data(), expected.size()) == 0;
 }
 
-net::awaitable<void> serve_admin_connection(Gateway& gateway, net::ip::tcp::socket socket) {
-  beast::tcp_stream stream(std::move(socket));
+// The admin requests of one connection, over `stream`: a beast::tcp_stream,
+// or an ssl_stream over one when server.admin_tls is set.
+template <class Stream>
+net::awaitable<void> serve_admin_requests(Gateway& gateway, Stream& stream) {
   beast::flat_buffer buffer;
   for (;;) {
     http::request<http::string_body> request;
-    stream.expires_after(std::chrono::seconds(30));
+    beast::get_lowest_layer(stream).expires_after(std::chrono::seconds(30));
     auto [read_ec, n] = co_await http::async_read(stream, buffer, request, as_tuple(use_awaitable));
     if (read_ec) break;
 
@@ -251,8 +255,30 @@ net::awaitable<void> serve_admin_connection(Gateway& gateway, net::ip::tcp::sock
         co_await http::async_write(stream, response, as_tuple(use_awaitable));
     if (write_ec || !response.keep_alive()) break;
   }
-  error_code ignored;
-  stream.socket().shutdown(net::ip::tcp::socket::shutdown_send, ignored);
+}
+
+net::awaitable<void> serve_admin_connection(Gateway& gateway, net::ip::tcp::socket socket) {
+  // Taken per connection: a reload's new certificate serves the next one.
+  auto tls = gateway.snapshot()->admin_tls;
+  if (!tls) {
+    beast::tcp_stream stream(std::move(socket));
+    co_await serve_admin_requests(gateway, stream);
+    error_code ignored;
+    stream.socket().shutdown(net::ip::tcp::socket::shutdown_send, ignored);
+    co_return;
+  }
+  beast::ssl_stream<beast::tcp_stream> stream(std::move(socket), *tls);
+  beast::get_lowest_layer(stream).expires_after(gateway.snapshot()->config->server.header_timeout);
+  auto [handshake_ec] =
+      co_await stream.async_handshake(net::ssl::stream_base::server, as_tuple(use_awaitable));
+  if (handshake_ec) {
+    spdlog::debug("admin listener: TLS handshake failed: {}", handshake_ec.message());
+    co_return;
+  }
+  co_await serve_admin_requests(gateway, stream);
+  // close_notify, and a short wait for the client's.
+  beast::get_lowest_layer(stream).expires_after(std::chrono::seconds(1));
+  co_await stream.async_shutdown(as_tuple(use_awaitable));
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "sluice/router/adaptive.hpp"
 #include "sluice/server/admin.hpp"
 #include "sluice/server/internal_errors.hpp"
+#include "sluice/server/listener_tls.hpp"
 #include "sluice/server/model_list.hpp"
 #include "sluice/server/session.hpp"
 
@@ -46,6 +47,12 @@ std::shared_ptr<const Snapshot> Snapshot::build(config::ConfigPtr config,
   snapshot->caches =
       std::make_shared<cache::Caches>(*config, previous ? previous->caches.get() : nullptr);
   snapshot->models_json = render_model_list(*config, nullptr);
+  if (config->server.tls.enabled()) {
+    snapshot->listener_tls = make_listener_tls(config->server.tls, "server.tls");
+  }
+  if (config->server.admin_tls.enabled()) {
+    snapshot->admin_tls = make_listener_tls(config->server.admin_tls, "server.admin_tls");
+  }
   for (const auto& model : config->models) {
     for (const auto& deployment : model.deployments) {
       std::string fields = upstream::deployment_fields(deployment);
@@ -261,7 +268,8 @@ Gateway::~Gateway() { stop(); }
 
 std::string Gateway::listen_url() const {
   bool ipv6 = bound_host_.find(':') != std::string::npos;
-  return "http://" + (ipv6 ? "[" + bound_host_ + "]" : bound_host_) + ":" +
+  const bool tls = snapshot()->listener_tls != nullptr;
+  return (tls ? "https://" : "http://") + (ipv6 ? "[" + bound_host_ + "]" : bound_host_) + ":" +
          std::to_string(bound_port_);
 }
 
@@ -331,6 +339,11 @@ void take_connection(Gateway& gateway, Worker& worker, AcceptedDescriptor accept
   auto socket = accepted.into_socket(worker.context(), protocol);
   if (!socket) {
     if (!refused) gateway.open_connections().fetch_sub(1, std::memory_order_relaxed);
+    return;
+  }
+  if (const auto& tls = worker.snapshot()->listener_tls) {
+    net::co_spawn(worker.context(), serve_tls_connection(worker, std::move(*socket), tls, refused),
+                  InternalErrorBarrier(worker, "a TLS client connection"));
     return;
   }
   if (refused) {

@@ -24,15 +24,15 @@ process.on('exit', () => {
   for (const child of children) child.kill('SIGKILL');
 });
 
-// Spawns `binary args...` and resolves with { child, port } once stdout
-// carries "<banner> listening on http://HOST:PORT". Rejects on early exit or
-// timeout.
+// Spawns `binary args...` and resolves with { child, scheme, port } once
+// stdout carries "<banner> listening on http(s)://HOST:PORT". Rejects on
+// early exit or timeout.
 export function startProcess(binary, args, banner) {
   return new Promise((resolve, reject) => {
     const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
     children.add(child);
     child.once('exit', () => children.delete(child));
-    const pattern = new RegExp(`^${banner} listening on https?://(.+):(\\d+)\\s*$`, 'm');
+    const pattern = new RegExp(`^${banner} listening on (https?)://(.+):(\\d+)\\s*$`, 'm');
     let stdout = '';
     let stderr = '';
     let settled = false;
@@ -57,7 +57,7 @@ export function startProcess(binary, args, banner) {
     child.stdout.on('data', (chunk) => {
       stdout += chunk;
       const match = pattern.exec(stdout);
-      if (match) finish(null, { child, port: Number(match[2]) });
+      if (match) finish(null, { child, scheme: match[1], port: Number(match[3]) });
     });
     child.stderr.setEncoding('utf8');
     child.stderr.on('data', (chunk) => {
@@ -90,7 +90,8 @@ export const MOCK_ARGS = ['--listen', '127.0.0.1:0', '--ttft', '20ms', '--interv
                           '--tokens', '8'];
 
 // Starts sluice-mock, then sluice with the config `gatewayConfig(mockPort)`
-// returns (YAML text), written to a temporary directory. Resolves with
+// returns (YAML text), written to a temporary directory. gatewayUrl is
+// https:// when that config sets server.tls. Resolves with
 // { mock, gateway, gatewayUrl, stop }: stop() ends both and removes the
 // directory. A start that fails stops what it started before it rejects.
 export async function startMockAndGateway(gatewayConfig, mockArgs = MOCK_ARGS) {
@@ -113,7 +114,7 @@ export async function startMockAndGateway(gatewayConfig, mockArgs = MOCK_ARGS) {
     const configPath = join(stack.workDir, 'sluice.yaml');
     writeFileSync(configPath, gatewayConfig(stack.mock.port));
     stack.gateway = await startProcess(sluiceBinary, ['--config', configPath], 'sluice');
-    stack.gatewayUrl = `http://127.0.0.1:${stack.gateway.port}`;
+    stack.gatewayUrl = `${stack.gateway.scheme}://127.0.0.1:${stack.gateway.port}`;
   } catch (error) {
     await stack.stop();
     throw error;

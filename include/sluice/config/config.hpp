@@ -143,6 +143,17 @@ struct Model {
   std::vector<std::string> default_for;
 };
 
+// TLS on a listener (server.tls, server.admin_tls). Off while `cert` is "".
+// The files are checked at load; the gateway reads them again into each
+// snapshot it builds, so a reload picks up rotated files.
+struct ListenerTls {
+  std::string cert;       // PEM chain, the server's certificate first
+  std::string key;        // PEM private key matching `cert`
+  std::string client_ca;  // PEM CAs a client certificate must chain to; "" = none asked for
+  bool enabled() const { return !cert.empty(); }
+  bool operator==(const ListenerTls&) const = default;
+};
+
 struct Server {
   std::string listen_host = "0.0.0.0";
   std::uint16_t listen_port = 8080;
@@ -166,6 +177,8 @@ struct Server {
   std::string admin_host = "127.0.0.1";
   std::uint16_t admin_port = 9090;
   std::string admin_key;          // bearer key required on the admin listener; "" = none
+  ListenerTls tls;                // on the client listener
+  ListenerTls admin_tls;          // on the admin listener
   Duration drain_timeout{30000};  // how long in-flight requests may finish on shutdown
 };
 

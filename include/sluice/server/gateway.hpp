@@ -3,6 +3,7 @@
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/context.hpp>
 #include <boost/intrusive/list.hpp>
 #include <cstdint>
 #include <functional>
@@ -41,6 +42,11 @@ struct Snapshot {
   std::shared_ptr<metrics::SnapshotMetrics> metrics;
   std::shared_ptr<cache::Caches> caches;  // carried over on reload, see Caches
   std::string models_json;                // GET /v1/models, rendered once
+  // The listeners' TLS (server.tls, server.admin_tls), read from their files
+  // for this snapshot; null while off. A connection keeps the one it was
+  // accepted with.
+  std::shared_ptr<boost::asio::ssl::context> listener_tls;
+  std::shared_ptr<boost::asio::ssl::context> admin_tls;
   // What each deployment of `config` needs per request, made once rather
   // than per request: where it connects (pool key, Host value), the header
   // lines it adds (its `headers` and its key), the model name it is sent
