@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -91,7 +92,17 @@ int run(const std::string& path) {
   }
   sluice::init_logging(config->log.level);
 
-  sluice::server::Gateway gateway(config);
+  // Building the first snapshot reads files again (the listener's
+  // certificate and key), which may have changed since the config was
+  // checked: a clean refusal, not an uncaught exception.
+  std::unique_ptr<sluice::server::Gateway> built;
+  try {
+    built = std::make_unique<sluice::server::Gateway>(config);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "sluice: cannot start: %s\n", error.what());
+    return 1;
+  }
+  sluice::server::Gateway& gateway = *built;
   // SIGHUP and POST /admin/reload both re-read the file: a valid config
   // replaces the old one for new requests, an invalid one is refused.
   auto reload = [&gateway, path]() -> sluice::server::ReloadOutcome {
