@@ -57,7 +57,9 @@ local rpm_owed = 0
 if interval > 0 then rpm_owed = owed(KEYS[1]) end
 local tpm_owed = 0
 if tpm_on then tpm_owed = owed(KEYS[2]) end
-if max_parallel > 0 then
+if max_parallel > 0 and redis.call('ZCARD', KEYS[3]) >= max_parallel then
+  -- Expired leases (of an instance that died) matter only when they would
+  -- refuse: they are cleared then, not on every request.
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
   if redis.call('ZCARD', KEYS[3]) >= max_parallel then return {1, rpm_owed, tpm_owed} end
 end
