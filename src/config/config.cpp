@@ -364,6 +364,9 @@ class Loader {
 
   void read_server(const Located& at, Server& server) const;
   void read_upstream(const Located& at, Upstream& upstream) const;
+  Http2Mode read_http2_mode(const Located& at) const;
+  // upstream.http2, for the deployments that do not set their own.
+  Http2Mode default_http2_ = Http2Mode::automatic;
   void read_router(const Located& at, Router& router) const;
   void read_adaptive(const Located& at, Router& router) const;
   void read_adaptive_deadline(const Located& at, AdaptiveDeadline& deadline) const;
@@ -492,8 +495,24 @@ void Loader::read_server(const Located& at, Server& server) const {
   if (server.threads == 0) server.threads = std::max(1u, std::thread::hardware_concurrency());
 }
 
+Http2Mode Loader::read_http2_mode(const Located& at) const {
+  const std::string text = read_string(at);
+  if (text == "auto") return Http2Mode::automatic;
+  if (text == "off") return Http2Mode::off;
+  if (text == "prior_knowledge") return Http2Mode::prior_knowledge;
+  fail(at, "invalid value '" + text + "' (expected auto, off or prior_knowledge)");
+}
+
 void Loader::read_upstream(const Located& at, Upstream& upstream) const {
-  MappingReader map(at, {"max_idle_per_origin", "idle_expiry", "dns_ttl"});
+  MappingReader map(at, {"max_idle_per_origin", "idle_expiry", "dns_ttl", "http2",
+                         "http2_ping_after", "http2_ping_timeout"});
+  if (auto value = map.get("http2")) upstream.http2 = read_http2_mode(*value);
+  if (auto value = map.get("http2_ping_after")) {
+    upstream.http2_ping_after = read_positive_duration(*value);
+  }
+  if (auto value = map.get("http2_ping_timeout")) {
+    upstream.http2_ping_timeout = read_positive_duration(*value);
+  }
   // Zero idle connections is valid: it turns pooling off.
   if (auto value = map.get("max_idle_per_origin"))
     upstream.max_idle_per_origin = read_uint(*value, 0);
@@ -1121,7 +1140,7 @@ Deployment Loader::read_deployment(const Located& at, const std::string& model_n
                                    std::size_t deployment_index) {
   MappingReader map(at, {"id", "base_url", "api_key", "model", "headers", "timeouts", "tls_verify",
                          "ca_file", "weight", "max_parallel", "rpm", "warm_connections", "provider",
-                         "anthropic_version", "api_version"});
+                         "anthropic_version", "api_version", "http2"});
   if (!at.node.IsMap()) fail(at, std::string("expected a mapping, got ") + type_name(at.node));
 
   Deployment deployment;
@@ -1192,6 +1211,8 @@ Deployment Loader::read_deployment(const Located& at, const std::string& model_n
     }
   }
   read_api_version(at, map, deployment);
+  deployment.http2 = default_http2_;
+  if (auto value = map.get("http2")) deployment.http2 = read_http2_mode(*value);
   return deployment;
 }
 
@@ -1363,6 +1384,7 @@ Config Loader::load(const Located& root) {
     read_server(Located{YAML::Node(), "server", root.line}, config.server);
   }
   if (auto value = map.get("upstream")) read_upstream(*value, config.upstream);
+  default_http2_ = config.upstream.http2;
   if (auto value = map.get("router")) read_router(*value, config.router);
   if (auto value = map.get("log")) read_log(*value, config.log);
   if (auto value = map.get("budgets")) read_budgets(*value, config.budgets);

@@ -85,12 +85,19 @@ GatewayMetrics::GatewayMetrics(Registry& registry, GatewayMetricsSources sources
 
   // Read once per scrape, so idle and active come from the same moment.
   registry.gauge_collector(
-      "sluice_upstream_connections", "Upstream connections in the pools, by state.", {"state"},
-      [read = std::move(sources.upstream_connections)](std::vector<GaugeSample>& out) {
+      "sluice_upstream_connections",
+      "Upstream connections in the pools, by state (an HTTP/2 connection is active).", {"state"},
+      [read = sources.upstream_connections](std::vector<GaugeSample>& out) {
         if (!read) return;
         const UpstreamConnectionCounts counts = read();
         out.push_back({{"idle"}, static_cast<double>(counts.idle)});
         out.push_back({{"active"}, static_cast<double>(counts.active)});
+      });
+  registry.gauge_collector(
+      "sluice_upstream_streams_active", "HTTP/2 streams in flight to upstreams.", {},
+      [read = std::move(sources.upstream_connections)](std::vector<GaugeSample>& out) {
+        if (!read) return;
+        out.push_back({{}, static_cast<double>(read().streams)});
       });
   if (sources.state_backend_up) {
     registry.gauge_collector(

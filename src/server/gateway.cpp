@@ -1,5 +1,7 @@
 #include "sluice/server/gateway.hpp"
 
+#include "sluice/upstream/http2_client.hpp"
+
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -58,11 +60,13 @@ std::shared_ptr<const Snapshot> Snapshot::build(config::ConfigPtr config,
       std::string fields = upstream::deployment_fields(deployment);
       std::string model_literal;
       append_json_string(model_literal, deployment.upstream_model);
+      auto origin = upstream::Origin::from(deployment, config->upstream);
+      const std::size_t transport = upstream::transport_for(origin);
       auto& wiring = snapshot->deployments
                          .emplace(&deployment, Snapshot::DeploymentWiring{
-                                                   upstream::Origin::from(deployment),
-                                                   std::move(fields), std::move(model_literal),
-                                                   protocol::make_adapter(deployment)})
+                                                   std::move(origin), std::move(fields),
+                                                   std::move(model_literal),
+                                                   protocol::make_adapter(deployment), transport})
                          .first->second;
       if (config->state.shared() && has_shared_limits(deployment)) {
         wiring.shared_budget = shared_deployment_budget(config->state, deployment);
@@ -106,6 +110,7 @@ Worker::~Worker() {
   context_.stop();
   if (thread_.joinable()) thread_.join();
   pool_.shut_down();
+  transports_.shut_down();
 }
 
 namespace {
@@ -162,6 +167,9 @@ void Worker::keep_warm() {
   }
   for (auto& [key, entry] : wanted) {
     // More than the pool keeps would be closed as soon as they were opened.
+    // An HTTP/2 transport keeps one connection of its own and takes the
+    // further warm-ups as done; an origin whose ALPN chose HTTP/1.1 fills
+    // the pool like any other.
     auto target = std::min<std::size_t>(entry.count, pool_.options().max_idle_per_origin);
     for (auto have = pool_.idle_count(key) + warming_[key]; have < target; ++have) {
       ++warming_[key];
@@ -181,7 +189,7 @@ net::awaitable<void> Worker::warm_one(std::string origin_key, upstream::Origin o
   } warming{warming_[origin_key]};
   upstream::Limits limits;
   limits.connect = connect_timeout;
-  auto error = co_await client().warm(origin, limits);
+  auto error = co_await transports_[upstream::transport_for(origin)].warm(origin, limits);
   if (error) spdlog::debug("warming a connection to {} failed: {}", origin_key, error->describe());
 }
 
@@ -212,6 +220,8 @@ Gateway::Gateway(const config::ConfigPtr& config)
       counts.active += static_cast<std::uint64_t>(
           std::max<std::int64_t>(0, worker->pool().counters().active.load()));
     }
+    counts.streams = static_cast<std::uint64_t>(
+        std::max<std::int64_t>(0, upstream::http2_counters().streams.load()));
     return counts;
   };
   if (config->state.shared()) {

@@ -56,7 +56,8 @@ struct Http1Client::OutgoingRequest {
 };
 
 net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Http1Client::connect(
-    const Origin& origin, const Limits& limits, AbortHandle& abort_handle, Timing& timing) {
+    const Origin& origin, const Limits& limits, AbortHandle& abort_handle, Timing& timing,
+    std::string_view alpn) {
   auto connect_deadline = std::min(Clock::now() + limits.connect, limits.deadline);
   // An address in the URL is the endpoint itself: no lookup, not even the
   // cache's.
@@ -108,6 +109,10 @@ net::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> Http1Client::
   if (auto* tls = connection->tls_stream()) {
     if (!origin.address) SSL_set_tlsext_host_name(tls->native_handle(), origin.host.c_str());
     if (origin.tls_verify) tls->set_verify_callback(net::ssl::host_name_verification(origin.host));
+    if (!alpn.empty()) {
+      SSL_set_alpn_protos(tls->native_handle(), reinterpret_cast<const unsigned char*>(alpn.data()),
+                          static_cast<unsigned>(alpn.size()));
+    }
     connection->expires_at(connect_deadline);
     auto [tls_ec] =
         co_await tls->async_handshake(net::ssl::stream_base::client, as_tuple(use_awaitable));

@@ -26,7 +26,7 @@ std::string host_header_value(const Origin& origin) {
 
 }  // namespace
 
-Origin Origin::from(const config::Deployment& deployment) {
+Origin Origin::from(const config::Deployment& deployment, const config::Upstream& upstream) {
   const auto& url = deployment.base_url;
   Origin origin;
   origin.host = url.host;
@@ -34,6 +34,9 @@ Origin Origin::from(const config::Deployment& deployment) {
   origin.tls = url.tls();
   origin.tls_verify = deployment.tls_verify;
   origin.ca_file = deployment.ca_file;
+  origin.http2 = deployment.http2;
+  origin.http2_ping_after = upstream.http2_ping_after;
+  origin.http2_ping_timeout = upstream.http2_ping_timeout;
   boost::system::error_code not_an_address;
   auto address = boost::asio::ip::make_address(origin.host, not_an_address);
   if (!not_an_address) origin.address.emplace(address, origin.port);

@@ -17,17 +17,6 @@ namespace {
 // Room for a typical response's forwarded lines at once.
 constexpr std::size_t kTypicalLinesBytes = 256;
 
-constexpr std::string_view kRenamedPrefix = "upstream-";
-
-// x-request-id and x-ratelimit-*: the names the gateway's answer gives its
-// own values, which the upstream's are renamed out of the way of.
-bool is_renamed_from_upstream(std::string_view name) {
-  constexpr std::size_t kNameOrPrefixSize = 12;  // "x-request-id", "x-ratelimit-"
-  if (name.size() < kNameOrPrefixSize || (name[0] | 0x20) != 'x') return false;
-  if (name.size() == kNameOrPrefixSize && field_name_is(name, "x-request-id")) return true;
-  return field_name_is(name.substr(0, kNameOrPrefixSize), "x-ratelimit-");
-}
-
 // A field's value that is a whole number and nothing else.
 std::optional<unsigned> whole_number(std::string_view value) {
   unsigned number = 0;
@@ -37,6 +26,15 @@ std::optional<unsigned> whole_number(std::string_view value) {
 }
 
 }  // namespace
+
+// x-request-id and x-ratelimit-*: the names the gateway's answer gives its
+// own values, which the upstream's are renamed out of the way of.
+bool is_renamed_from_upstream(std::string_view name) {
+  constexpr std::size_t kNameOrPrefixSize = 12;  // "x-request-id", "x-ratelimit-"
+  if (name.size() < kNameOrPrefixSize || (name[0] | 0x20) != 'x') return false;
+  if (name.size() == kNameOrPrefixSize && field_name_is(name, "x-request-id")) return true;
+  return field_name_is(name.substr(0, kNameOrPrefixSize), "x-ratelimit-");
+}
 
 std::size_t ResponseParser::take_body(std::string_view body, error_code& ec) {
   if (body_views_ != nullptr) {

@@ -3,6 +3,7 @@
 #include <array>
 
 #include "sluice/upstream/client.hpp"
+#include "sluice/upstream/http2_client.hpp"
 
 namespace sluice::upstream {
 
@@ -15,6 +16,7 @@ std::unique_ptr<Transport> make(const TransportDeps& deps) {
 
 constexpr std::array kRegistered{
     RegisteredTransport{"http1", &make<Http1Client>},
+    RegisteredTransport{"http2", &make<Http2Client>},
 };
 
 }  // namespace
@@ -40,6 +42,11 @@ std::size_t default_transport() {
       }(),
       "the default transport is not registered");
   return *find_transport(kDefaultTransport);
+}
+
+std::size_t transport_for(const Origin& origin) {
+  static const std::size_t http2 = *find_transport("http2");
+  return origin.may_speak_http2() ? http2 : default_transport();
 }
 
 Transports::Transports(const TransportDeps& deps) {

@@ -640,7 +640,7 @@ TEST(Registry, ManySeriesSpanSeveralChunks) {
 TEST(GatewayMetricsExposition, EveryFamilyIsPresentAndValid) {
   Registry registry(2);
   GatewayMetricsSources sources;
-  sources.upstream_connections = [] { return UpstreamConnectionCounts{5, 3}; };
+  sources.upstream_connections = [] { return UpstreamConnectionCounts{5, 3, 7}; };
   sources.deployment_cooldowns = [](std::vector<DeploymentCooldown>& out) {
     out.push_back({"openai-1", false});
     out.push_back({"azure-1", true});
@@ -686,6 +686,7 @@ TEST(GatewayMetricsExposition, EveryFamilyIsPresentAndValid) {
       {"sluice_requests_in_flight", "gauge"},
       {"sluice_upstream_connections", "gauge"},
       {"sluice_upstream_connections_opened_total", "counter"},
+      {"sluice_upstream_streams_active", "gauge"},
       {"sluice_retries_total", "counter"},
       {"sluice_fallbacks_total", "counter"},
       {"sluice_hedges_total", "counter"},
@@ -714,6 +715,7 @@ TEST(GatewayMetricsExposition, EveryFamilyIsPresentAndValid) {
                          {{"model", "nope"}, {"deployment", ""}, {"status", "404"}}),
             1);
   EXPECT_EQ(parsed.value("sluice_hedges_total", {{"model", "gpt-4o"}, {"outcome", "won"}}), 1);
+  EXPECT_EQ(parsed.value("sluice_upstream_streams_active", {}), 7);
   EXPECT_EQ(parsed.value("sluice_cache_lookups_total", {{"model", "gpt-4o"}, {"result", "hit"}}),
             1);
   EXPECT_EQ(parsed.value("sluice_cache_lookups_total", {{"model", "gpt-4o"}, {"result", "miss"}}),

@@ -1,7 +1,8 @@
 // The seam between the gateway and the ways of carrying its requests: a
 // transport that is no HTTP/1.1 client (here one that answers from memory)
 // is started, aborted and relayed through the interfaces alone, and the
-// registry names the HTTP/1.1 client "http1" and nothing else.
+// registry names the HTTP/1.1 client "http1" (the default) and the HTTP/2
+// one "http2".
 #include "sluice/upstream/transport.hpp"
 
 #include <gtest/gtest.h>
@@ -220,16 +221,34 @@ TEST(Transport, AbortHandleForgetsATargetOnlyWhenItIsStillTheOneSet) {
   EXPECT_TRUE(cleared.aborted());
 }
 
-TEST(Transports, Http1IsTheDefaultAndTheOnlyNameKnown) {
+TEST(Transports, Http1IsTheDefaultAndHttp2TheOtherNameKnown) {
   ASSERT_TRUE(upstream::find_transport("http1"));
   EXPECT_EQ(*upstream::find_transport("http1"), upstream::default_transport());
   EXPECT_EQ(upstream::find_transport(upstream::kDefaultTransport), upstream::default_transport());
   EXPECT_FALSE(upstream::find_transport("h3"));
   EXPECT_FALSE(upstream::find_transport(""));
   EXPECT_FALSE(upstream::find_transport("HTTP1"));
+  ASSERT_TRUE(upstream::find_transport("http2"));
   const auto registered = upstream::registered_transports();
-  ASSERT_EQ(registered.size(), 1u);
+  ASSERT_EQ(registered.size(), 2u);
   EXPECT_EQ(registered[upstream::default_transport()].name, "http1");
+}
+
+TEST(Transports, AnOriginGoesToHttp2OnlyWhereItMayBeSpoken) {
+  config::Deployment deployment;
+  deployment.base_url = {"http", "127.0.0.1", 8000, ""};
+  const auto http2 = *upstream::find_transport("http2");
+  // auto on http:// is HTTP/1.1, as before HTTP/2 was known.
+  EXPECT_EQ(upstream::transport_for(upstream::Origin::from(deployment)),
+            upstream::default_transport());
+  deployment.http2 = config::Http2Mode::prior_knowledge;
+  EXPECT_EQ(upstream::transport_for(upstream::Origin::from(deployment)), http2);
+  deployment.base_url = {"https", "example.com", 443, ""};
+  deployment.http2 = config::Http2Mode::automatic;
+  EXPECT_EQ(upstream::transport_for(upstream::Origin::from(deployment)), http2);
+  deployment.http2 = config::Http2Mode::off;
+  EXPECT_EQ(upstream::transport_for(upstream::Origin::from(deployment)),
+            upstream::default_transport());
 }
 
 TEST(Transports, EachWorkerGetsItsOwnInstanceOfEveryRegisteredTransport) {

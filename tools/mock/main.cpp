@@ -64,6 +64,9 @@ translations, models) whose timing and failures are scripted. It also answers
   --dims N               embedding dimensions (default 16)
   --tls-cert FILE        PEM certificate chain; with --tls-key serves HTTPS
   --tls-key FILE         PEM private key
+  --http2                serve HTTP/2 too: by ALPN (h2, http/1.1) with TLS,
+                         h2c with prior knowledge without it
+  --h2-max-streams N     SETTINGS_MAX_CONCURRENT_STREAMS per connection (default 100)
   --help                 this text
 
 Durations: 0, 250us, 20ms, 2s, 1.5s, 1m (a bare number is milliseconds).
@@ -236,6 +239,10 @@ Arguments parse_arguments(int argc, char** argv) {
       cert_file = std::string(value());
     } else if (option == "--tls-key") {
       key_file = std::string(value());
+    } else if (option == "--http2") {
+      options.http2 = true;
+    } else if (option == "--h2-max-streams") {
+      behaviour.h2_max_streams = count_option(option, value(), 1);
     } else {
       throw UsageError{"unknown option '" + std::string(option) + "'"};
     }

@@ -33,6 +33,8 @@
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
+#include <nghttp2/nghttp2.h>
+
 #include "mock/anthropic.hpp"
 
 namespace sluice::mock {
@@ -1109,6 +1111,17 @@ std::optional<std::string> apply_behaviour_json(const Json& document, Behaviour&
     } else if (key == "fail_rate") {
       ok = value.is_number() && value.get<double>() >= 0.0 && value.get<double>() <= 1.0;
       if (ok) behaviour.fail_rate = value.get<double>();
+    } else if (key == "h2_max_streams") {
+      auto v = count();
+      ok = v.has_value() && *v > 0;
+      if (ok) behaviour.h2_max_streams = *v;
+    } else if (key == "h2_goaway_after") {
+      auto v = count();
+      ok = v.has_value();
+      if (ok) behaviour.h2_goaway_after = *v;
+    } else if (key == "h2_ping_ack") {
+      ok = value.is_boolean();
+      if (ok) behaviour.h2_ping_ack = value.get<bool>();
     } else if (key == "stamp") {
       ok = value.is_boolean();
       if (ok) behaviour.stamp = value.get<bool>();
@@ -1139,6 +1152,9 @@ Json behaviour_json(const Behaviour& behaviour) {
       {"openai", behaviour.openai_content},
       {"cache_read_tokens", behaviour.cache_read_tokens},
       {"cache_creation_tokens", behaviour.cache_creation_tokens},
+      {"h2_max_streams", behaviour.h2_max_streams},
+      {"h2_goaway_after", behaviour.h2_goaway_after},
+      {"h2_ping_ack", behaviour.h2_ping_ack},
   };
 }
 
@@ -1205,7 +1221,11 @@ struct SharedState {
   std::atomic<std::uint64_t> requests{0};
   std::atomic<std::uint64_t> streams_completed{0};
   std::atomic<std::uint64_t> streams_cancelled{0};
+  std::atomic<std::uint64_t> h2_connections{0};
+  std::atomic<std::uint64_t> h2_resets_received{0};
+  std::atomic<std::uint64_t> h2_pings_received{0};
   std::atomic<std::uint64_t> next_serial{1};
+  bool http2 = false;  // Options::http2, fixed at start
   // Requests being served now, for Behaviour::slots.
   std::atomic<unsigned> busy_slots{0};
 
@@ -1251,6 +1271,9 @@ struct SharedState {
     snapshot.requests = requests.load(std::memory_order_relaxed);
     snapshot.streams_completed = streams_completed.load(std::memory_order_relaxed);
     snapshot.streams_cancelled = streams_cancelled.load(std::memory_order_relaxed);
+    snapshot.h2_connections = h2_connections.load(std::memory_order_relaxed);
+    snapshot.h2_resets_received = h2_resets_received.load(std::memory_order_relaxed);
+    snapshot.h2_pings_received = h2_pings_received.load(std::memory_order_relaxed);
     return snapshot;
   }
 
@@ -1262,6 +1285,9 @@ struct SharedState {
         {"requests", snapshot.requests},
         {"streams_completed", snapshot.streams_completed},
         {"streams_cancelled", snapshot.streams_cancelled},
+        {"h2_connections", snapshot.h2_connections},
+        {"h2_resets_received", snapshot.h2_resets_received},
+        {"h2_pings_received", snapshot.h2_pings_received},
     }
         .dump();
   }
@@ -1560,6 +1586,54 @@ Reply in_anthropic_shape(Reply reply) {
   return reply;
 }
 
+// Control endpoints, unknown URLs and wrong methods; nullopt for a model
+// request. The same for either framing.
+Reply update_behaviour(const std::string& body, SharedState& state) {
+  Json document = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (document.is_discarded()) return invalid_request("The behaviour body is not valid JSON.");
+  std::lock_guard lock(state.behaviour_mutex);
+  Behaviour updated = state.behaviour;
+  if (auto error = apply_behaviour_json(document, updated)) return invalid_request(*error);
+  state.behaviour = std::move(updated);
+  return Reply{204, {}};
+}
+
+std::optional<Reply> reply_without_model(const Request& request, Endpoint endpoint,
+                                         SharedState& state) {
+  const auto method = request.method();
+  switch (endpoint) {
+    case Endpoint::mock_stats:
+      if (method == http::verb::get) return Reply{200, state.stats_json()};
+      break;
+    case Endpoint::mock_behaviour:
+      if (method == http::verb::get) {
+        return Reply{200, behaviour_json(state.behaviour_snapshot()).dump()};
+      }
+      if (method == http::verb::post) return update_behaviour(request.body(), state);
+      break;
+    case Endpoint::unknown: {
+      std::string message = "Unknown request URL: ";
+      message += to_std(request.method_string());
+      message += ' ';
+      message += to_std(request.target());
+      message += '.';
+      return Reply{404, error_body(message, "invalid_request_error", {}, "unknown_url")};
+    }
+    case Endpoint::models:
+      if (method == http::verb::get) return std::nullopt;
+      break;
+    default:
+      if (method == http::verb::post) return std::nullopt;
+      break;
+  }
+  std::string message = "Method ";
+  message += to_std(request.method_string());
+  message += " is not allowed for ";
+  message += to_std(request.target());
+  message += '.';
+  return Reply{405, error_body(message, "invalid_request_error", {}, "method_not_allowed")};
+}
+
 // ---------------------------------------------------------------------------
 // Connections
 
@@ -1605,6 +1679,581 @@ class Registry {
 
 enum class CloseStyle { graceful, reset };
 
+// One HTTP/2 connection: nghttp2 does the framing, HPACK and flow control;
+// the answers are those of the HTTP/1.1 connection below, only framed as
+// DATA frames of their stream. A reader feeds the session what arrives, a
+// writer sends what the session has to send, and every stream's answer is a
+// coroutine of its own; all of them share the connection's strand.
+template <class Stream>
+class H2Connection final : public ConnectionHandle,
+                           public std::enable_shared_from_this<H2Connection<Stream>> {
+  static constexpr bool kTls = !std::is_same_v<Stream, tcp::socket>;
+
+ public:
+  H2Connection(SharedState& state, Registry& registry, std::uint64_t id, Stream stream)
+      : state_(state),
+        registry_(registry),
+        id_(id),
+        stream_(std::move(stream)),
+        sleep_timer_(stream_.get_executor()),
+        write_wanted_(stream_.get_executor()) {
+    state_.h2_connections.fetch_add(1, std::memory_order_relaxed);
+    read_buffer_.resize(16 * 1024);
+  }
+
+  ~H2Connection() override {
+    if (session_) nghttp2_session_del(session_);
+    if (!closed_) state_.open_connections.fetch_sub(1, std::memory_order_relaxed);
+    registry_.remove(id_);
+  }
+
+  // `accept_delay`: a fresh h2c connection waits as Behaviour::accept_delay
+  // says; one handed over after its TLS handshake has waited already.
+  static void launch(std::shared_ptr<H2Connection> self, bool accept_delay) {
+    auto executor = self->stream_.get_executor();
+    asio::co_spawn(executor, run(self, accept_delay),
+                   asio::bind_executor(executor, [self](std::exception_ptr failure) {
+                     if (failure) self->close(CloseStyle::reset);
+                   }));
+  }
+
+  void close_for_shutdown() override {
+    asio::post(stream_.get_executor(),
+               [self = this->shared_from_this()] { self->close(CloseStyle::graceful); });
+  }
+
+  void close_unstarted() { close(CloseStyle::reset); }
+
+ private:
+  struct H2Stream {
+    explicit H2Stream(const asio::any_io_executor& executor) : timer(executor) {}
+    std::int32_t id = 0;
+    Request request;
+    std::string out;  // answer bytes not yet taken by the session
+    std::size_t taken = 0;
+    bool body_done = false;
+    bool deferred = false;  // the session waits for resume_data
+    bool closed = false;
+    bool refused = false;  // above the GOAWAY's last stream: never answered
+    bool in_stream = false;
+    asio::steady_timer timer;
+  };
+
+  static awaitable<void> run(std::shared_ptr<H2Connection> self, bool accept_delay) {
+    const Behaviour behaviour = self->state_.behaviour_snapshot();
+    if (accept_delay && behaviour.accept_delay.count() > 0) {
+      self->sleep_timer_.expires_after(behaviour.accept_delay);
+      co_await self->sleep_timer_.async_wait(use_tuple);
+      if (self->closed_) co_return;
+    }
+    if (!self->start_session(behaviour)) {
+      self->close(CloseStyle::reset);
+      co_return;
+    }
+    auto executor = self->stream_.get_executor();
+    asio::co_spawn(executor, write_loop(self), asio::detached);
+    co_await self->read_loop();
+  }
+
+  bool start_session(const Behaviour& behaviour) {
+    goaway_after_ = behaviour.h2_goaway_after;
+    nghttp2_session_callbacks* callbacks = nullptr;
+    nghttp2_session_callbacks_new(&callbacks);
+    nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, &on_begin_headers);
+    nghttp2_session_callbacks_set_on_header_callback(callbacks, &on_header);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, &on_data_chunk);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, &on_frame_recv);
+    nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, &on_stream_close);
+    nghttp2_option* option = nullptr;
+    nghttp2_option_new(&option);
+    if (!behaviour.h2_ping_ack) nghttp2_option_set_no_auto_ping_ack(option, 1);
+    const int rv = nghttp2_session_server_new2(&session_, callbacks, this, option);
+    nghttp2_option_del(option);
+    nghttp2_session_callbacks_del(callbacks);
+    if (rv != 0) return false;
+    const nghttp2_settings_entry settings[] = {
+        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, behaviour.h2_max_streams},
+    };
+    return nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, settings, 1) == 0;
+  }
+
+  awaitable<void> read_loop() {
+    while (!closed_) {
+      auto [error, bytes] = co_await stream_.async_read_some(asio::buffer(read_buffer_), use_tuple);
+      if (closed_) co_return;
+      if (error) {
+        peer_gone();
+        co_return;
+      }
+      const auto used = nghttp2_session_mem_recv(
+          session_, reinterpret_cast<const std::uint8_t*>(read_buffer_.data()), bytes);
+      if (used < 0) {
+        close(CloseStyle::reset);
+        co_return;
+      }
+      wake_writer();
+    }
+  }
+
+  static awaitable<void> write_loop(std::shared_ptr<H2Connection> self) {
+    auto& me = *self;
+    while (!me.closed_) {
+      me.out_.clear();
+      for (;;) {
+        const std::uint8_t* data = nullptr;
+        const auto size = nghttp2_session_mem_send(me.session_, &data);
+        if (size < 0) {
+          me.close(CloseStyle::reset);
+          co_return;
+        }
+        if (size == 0) break;
+        me.out_.append(reinterpret_cast<const char*>(data), static_cast<std::size_t>(size));
+        if (me.out_.size() >= 64 * 1024) break;
+      }
+      if (me.out_.empty()) {
+        if (!nghttp2_session_want_read(me.session_) && !nghttp2_session_want_write(me.session_)) {
+          me.close(CloseStyle::graceful);
+          co_return;
+        }
+        me.write_wanted_.expires_at(Clock::time_point::max());
+        co_await me.write_wanted_.async_wait(use_tuple);
+        continue;
+      }
+      auto [error, written] =
+          co_await asio::async_write(me.stream_, asio::buffer(me.out_), use_tuple);
+      if (error) {
+        me.peer_gone();
+        co_return;
+      }
+    }
+  }
+
+  void wake_writer() { write_wanted_.cancel(); }
+
+  static H2Connection& self_of(void* user_data) { return *static_cast<H2Connection*>(user_data); }
+
+  H2Stream* find(std::int32_t stream_id) {
+    auto it = streams_.find(stream_id);
+    return it == streams_.end() ? nullptr : it->second.get();
+  }
+
+  static int on_begin_headers(nghttp2_session*, const nghttp2_frame* frame, void* user_data) {
+    auto& me = self_of(user_data);
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+    auto stream = std::make_shared<H2Stream>(me.stream_.get_executor());
+    stream->id = frame->hd.stream_id;
+    if (me.goaway_after_ > 0 && me.started_ >= me.goaway_after_) {
+      stream->refused = true;
+      if (!me.goaway_sent_) {
+        me.goaway_sent_ = true;
+        nghttp2_submit_goaway(me.session_, NGHTTP2_FLAG_NONE, me.last_started_, NGHTTP2_NO_ERROR,
+                              nullptr, 0);
+      }
+    } else {
+      ++me.started_;
+      me.last_started_ = stream->id;
+    }
+    me.streams_.emplace(stream->id, std::move(stream));
+    return 0;
+  }
+
+  static int on_header(nghttp2_session*, const nghttp2_frame* frame, const std::uint8_t* name,
+                       std::size_t name_size, const std::uint8_t* value, std::size_t value_size,
+                       std::uint8_t, void* user_data) {
+    auto* stream = self_of(user_data).find(frame->hd.stream_id);
+    if (stream == nullptr) return 0;
+    const std::string_view key(reinterpret_cast<const char*>(name), name_size);
+    const std::string_view text(reinterpret_cast<const char*>(value), value_size);
+    auto& request = stream->request;
+    if (key == ":method") {
+      request.method_string(text);
+    } else if (key == ":path") {
+      request.target(text);
+    } else if (key == ":authority") {
+      request.set(http::field::host, text);
+    } else if (!key.starts_with(':')) {
+      request.insert(key, text);
+    }
+    return 0;
+  }
+
+  static int on_data_chunk(nghttp2_session*, std::uint8_t, std::int32_t stream_id,
+                           const std::uint8_t* data, std::size_t size, void* user_data) {
+    auto* stream = self_of(user_data).find(stream_id);
+    if (stream != nullptr && stream->request.body().size() + size <= kMaxBodyBytes) {
+      stream->request.body().append(reinterpret_cast<const char*>(data), size);
+    }
+    return 0;
+  }
+
+  static int on_frame_recv(nghttp2_session*, const nghttp2_frame* frame, void* user_data) {
+    auto& me = self_of(user_data);
+    if (frame->hd.type == NGHTTP2_RST_STREAM) {
+      me.state_.h2_resets_received.fetch_add(1, std::memory_order_relaxed);
+      return 0;
+    }
+    if (frame->hd.type == NGHTTP2_PING && (frame->hd.flags & NGHTTP2_FLAG_ACK) == 0) {
+      me.state_.h2_pings_received.fetch_add(1, std::memory_order_relaxed);
+      return 0;
+    }
+    const bool request_ends =
+        (frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
+        (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+    if (!request_ends) return 0;
+    auto it = me.streams_.find(frame->hd.stream_id);
+    if (it == me.streams_.end()) return 0;
+    if (it->second->refused) {
+      nghttp2_submit_rst_stream(me.session_, NGHTTP2_FLAG_NONE, frame->hd.stream_id,
+                                NGHTTP2_REFUSED_STREAM);
+      return 0;
+    }
+    asio::co_spawn(me.stream_.get_executor(), answer(me.shared_from_this(), it->second),
+                   asio::detached);
+    return 0;
+  }
+
+  static int on_stream_close(nghttp2_session*, std::int32_t stream_id, std::uint32_t error_code,
+                             void* user_data) {
+    auto& me = self_of(user_data);
+    auto it = me.streams_.find(stream_id);
+    if (it == me.streams_.end()) return 0;
+    auto& stream = *it->second;
+    stream.closed = true;
+    stream.timer.cancel();
+    if (stream.in_stream) {
+      stream.in_stream = false;
+      const bool completed = error_code == NGHTTP2_NO_ERROR && stream.body_done;
+      (completed ? me.state_.streams_completed : me.state_.streams_cancelled)
+          .fetch_add(1, std::memory_order_relaxed);
+    }
+    me.streams_.erase(it);
+    return 0;
+  }
+
+  static ssize_t read_answer(nghttp2_session*, std::int32_t, std::uint8_t* buffer,
+                             std::size_t length, std::uint32_t* flags, nghttp2_data_source* source,
+                             void*) {
+    auto& stream = *static_cast<H2Stream*>(source->ptr);
+    const std::size_t available = stream.out.size() - stream.taken;
+    if (available == 0) {
+      if (stream.body_done) {
+        *flags |= NGHTTP2_DATA_FLAG_EOF;
+        return 0;
+      }
+      stream.deferred = true;
+      return NGHTTP2_ERR_DEFERRED;
+    }
+    const std::size_t size = std::min(available, length);
+    std::memcpy(buffer, stream.out.data() + stream.taken, size);
+    stream.taken += size;
+    if (stream.taken == stream.out.size()) {
+      stream.out.clear();
+      stream.taken = 0;
+      if (stream.body_done) *flags |= NGHTTP2_DATA_FLAG_EOF;
+    }
+    return static_cast<ssize_t>(size);
+  }
+
+  // Hands the session more of a stream's answer.
+  void push(H2Stream& stream, std::string_view bytes, bool last) {
+    if (stream.closed || closed_) return;
+    stream.out += bytes;
+    if (last) stream.body_done = true;
+    if (stream.deferred) {
+      stream.deferred = false;
+      nghttp2_session_resume_data(session_, stream.id);
+    }
+    wake_writer();
+  }
+
+  void submit_head(H2Stream& stream, unsigned status, std::string_view content_type,
+                   unsigned retry_after_s, unsigned retry_after_ms, bool with_body) {
+    std::string status_text = std::to_string(status);
+    std::string retry_after = std::to_string(retry_after_s);
+    std::string retry_after_ms_text = std::to_string(retry_after_ms);
+    auto pair = [](std::string_view name, std::string_view value) {
+      return nghttp2_nv{reinterpret_cast<std::uint8_t*>(const_cast<char*>(name.data())),
+                        reinterpret_cast<std::uint8_t*>(const_cast<char*>(value.data())),
+                        name.size(), value.size(), NGHTTP2_NV_FLAG_NONE};
+    };
+    std::vector<nghttp2_nv> fields{pair(":status", status_text), pair("server", "sluice-mock")};
+    if (!content_type.empty() && status != 204)
+      fields.push_back(pair("content-type", content_type));
+    if (content_type == "text/event-stream") fields.push_back(pair("cache-control", "no-cache"));
+    if (retry_after_s > 0) fields.push_back(pair("retry-after", retry_after));
+    if (retry_after_ms > 0) fields.push_back(pair("retry-after-ms", retry_after_ms_text));
+    nghttp2_data_provider provider{};
+    provider.source.ptr = &stream;
+    provider.read_callback = &read_answer;
+    nghttp2_submit_response(session_, stream.id, fields.data(), fields.size(),
+                            with_body ? &provider : nullptr);
+    wake_writer();
+  }
+
+  void send_reply(H2Stream& stream, const Reply& reply) {
+    if (stream.closed || closed_) return;
+    stream.out = reply.body;
+    stream.body_done = true;
+    submit_head(stream, reply.status, reply.content_type, reply.retry_after_s, reply.retry_after_ms,
+                reply.status != 204);
+  }
+
+  void reset(H2Stream& stream, std::uint32_t code) {
+    if (stream.closed || closed_) return;
+    nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, stream.id, code);
+    wake_writer();
+  }
+
+  // Sleeps unless the stream or the connection ends first. False once
+  // either is gone.
+  awaitable<bool> pause(H2Stream& stream, Clock::duration duration) {
+    if (stream.closed || closed_) co_return false;
+    if (duration > Clock::duration::zero()) {
+      stream.timer.expires_after(duration);
+      co_await stream.timer.async_wait(use_tuple);
+    }
+    co_return !stream.closed && !closed_;
+  }
+
+  static awaitable<void> answer(std::shared_ptr<H2Connection> self,
+                                std::shared_ptr<H2Stream> held) {
+    auto& me = *self;
+    auto& stream = *held;
+    const Request& request = stream.request;
+    const Endpoint endpoint = classify(to_std(request.target()));
+    if (!is_control(endpoint)) {
+      me.state_.requests.fetch_add(1, std::memory_order_relaxed);
+      me.state_.record(request);
+    }
+    std::optional<Reply> reply = reply_without_model(request, endpoint, me.state_);
+    if (reply) {
+      if (is_anthropic(endpoint)) reply = in_anthropic_shape(std::move(*reply));
+      me.send_reply(stream, *reply);
+      co_return;
+    }
+    std::variant<Plan, Reply> planned;
+    try {
+      planned = make_plan(endpoint, request, me.state_);
+    } catch (const std::exception& error) {
+      planned = invalid_request(std::string("Invalid request body: ") + error.what());
+    }
+    if (std::holds_alternative<Reply>(planned)) {
+      Reply& early = std::get<Reply>(planned);
+      if (is_anthropic(endpoint)) early = in_anthropic_shape(std::move(early));
+      me.send_reply(stream, early);
+      co_return;
+    }
+    const Plan& plan = std::get<Plan>(planned);
+    std::optional<Reply> failure = failure_reply(plan);
+    if (failure) {
+      if (is_anthropic(plan.endpoint)) failure = in_anthropic_shape(std::move(*failure));
+      me.send_reply(stream, *failure);
+      co_return;
+    }
+    if (plan.fail == FailMode::reset || plan.fail == FailMode::garbage) {
+      me.reset(stream, NGHTTP2_INTERNAL_ERROR);
+      co_return;
+    }
+    if (plan.fail == FailMode::stall) {
+      if (plan.stream) stream.in_stream = true;
+      const bool open = co_await me.pause(stream, plan.behaviour.stall);
+      if (!open) co_return;
+    }
+    SlotHold slot(me.state_.busy_slots);
+    if (plan.behaviour.slots > 0) {
+      while (!slot.try_take(plan.behaviour.slots)) {
+        const bool open = co_await me.pause(stream, kSlotPoll);
+        if (!open) co_return;
+      }
+    }
+    if (plan.stream) {
+      co_await me.answer_stream(stream, plan);
+    } else {
+      co_await me.answer_whole(stream, plan);
+    }
+  }
+
+  awaitable<void> answer_whole(H2Stream& stream, const Plan& plan) {
+    bool open = co_await pause(stream, plan.ttft);
+    if (!open) co_return;
+    std::string body = complete_body(plan);
+    if (plan.fail == FailMode::cut_short) body.resize(body.size() / 2);
+    const std::string_view whole = body;
+    const std::string_view half = whole.substr(0, whole.size() / 2);
+    switch (plan.fail) {
+      case FailMode::reset_mid:
+      case FailMode::truncate:
+        submit_head(stream, 200, content_type_of(plan.endpoint), 0, 0, true);
+        push(stream, half, false);
+        open = co_await pause(stream, std::chrono::milliseconds(1));
+        if (open) reset(stream, NGHTTP2_INTERNAL_ERROR);
+        co_return;
+      case FailMode::stall_mid:
+        submit_head(stream, 200, content_type_of(plan.endpoint), 0, 0, true);
+        open = co_await pause(stream, plan.behaviour.stall);
+        if (open) push(stream, whole, true);
+        co_return;
+      case FailMode::endless:
+        submit_head(stream, 200, content_type_of(plan.endpoint), 0, 0, true);
+        co_return;
+      case FailMode::drip:
+        submit_head(stream, 200, content_type_of(plan.endpoint), 0, 0, true);
+        for (std::size_t i = 0; i < whole.size(); ++i) {
+          if (i > 0) {
+            open = co_await pause(stream, plan.behaviour.interval);
+            if (!open) co_return;
+          }
+          push(stream, whole.substr(i, 1), i + 1 == whole.size());
+        }
+        co_return;
+      default:
+        send_reply(stream, Reply{200, std::move(body), 0, content_type_of(plan.endpoint)});
+        co_return;
+    }
+  }
+
+  awaitable<void> answer_stream(H2Stream& stream, const Plan& plan) {
+    stream.in_stream = true;
+    const EventScript script(plan);
+    const FailMode fail = plan.fail;
+    const bool endless = fail == FailMode::endless;
+    const bool dripping = fail == FailMode::drip;
+    const Clock::duration interval =
+        endless ? std::max<Clock::duration>(plan.behaviour.interval, kEndlessMinInterval)
+                : Clock::duration(plan.behaviour.interval);
+    const std::size_t total = script.size();
+    std::size_t events_to_send = total;
+    if (fail == FailMode::reset_mid) events_to_send = std::max<std::size_t>(1, total / 2);
+    const bool cut_short = fail == FailMode::cut_short;
+    if (fail == FailMode::truncate || cut_short) {
+      events_to_send = std::max<std::size_t>(1, std::min(kTruncateAfterEvents, total - 1));
+    }
+    const bool finishes = !endless && (events_to_send == total || cut_short);
+
+    bool open = co_await pause(stream, plan.ttft);
+    if (!open) co_return;
+    submit_head(stream, 200, "text/event-stream", 0, 0, true);
+    std::string event;
+    for (std::size_t index = 0; endless || index < events_to_send; ++index) {
+      if (index > 0) {
+        open = co_await pause(stream, interval);
+        if (!open) co_return;
+      }
+      event.clear();
+      if (endless && index > 0) {
+        script.append_token_event(index, event);
+      } else {
+        script.append_event(index, event);
+      }
+      if (plan.behaviour.stamp) stamp_event(event);
+      const bool last = finishes && index + 1 == events_to_send;
+      if (dripping) {
+        for (std::size_t i = 0; i < event.size(); ++i) {
+          if (i > 0) {
+            open = co_await pause(stream, interval);
+            if (!open) co_return;
+          }
+          push(stream, std::string_view(event).substr(i, 1), last && i + 1 == event.size());
+        }
+      } else {
+        push(stream, event, last);
+      }
+      if (index == 0 && fail == FailMode::stall_mid) {
+        open = co_await pause(stream, plan.behaviour.stall);
+        if (!open) co_return;
+      }
+    }
+    if (!finishes) {
+      // Ends the stream without its end: what a reset or a cut connection
+      // leaves an HTTP/2 client with.
+      open = co_await pause(stream, std::chrono::milliseconds(1));
+      if (open) reset(stream, NGHTTP2_INTERNAL_ERROR);
+    }
+  }
+
+  void peer_gone() {
+    if (closed_) return;
+    for (auto& [id, stream] : streams_) {
+      stream->closed = true;
+      stream->timer.cancel();
+      if (stream->in_stream) {
+        stream->in_stream = false;
+        state_.streams_cancelled.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    close(CloseStyle::graceful);
+  }
+
+  void close(CloseStyle style) {
+    if (closed_) return;
+    closed_ = true;
+    state_.open_connections.fetch_sub(1, std::memory_order_relaxed);
+    sleep_timer_.cancel();
+    write_wanted_.cancel();
+    for (auto& [id, stream] : streams_) {
+      stream->closed = true;
+      stream->timer.cancel();
+    }
+    boost::system::error_code ignored;
+    tcp::socket& raw = [&]() -> tcp::socket& {
+      if constexpr (kTls) {
+        return stream_.next_layer();
+      } else {
+        return stream_;
+      }
+    }();
+    if (style == CloseStyle::reset) {
+      raw.set_option(asio::socket_base::linger(true, 0), ignored);
+    } else {
+      raw.shutdown(tcp::socket::shutdown_send, ignored);
+    }
+    raw.close(ignored);
+  }
+
+  SharedState& state_;
+  Registry& registry_;
+  const std::uint64_t id_;
+  Stream stream_;
+  asio::steady_timer sleep_timer_;
+  // Wakes the writer when the session has something to send; never expires.
+  asio::steady_timer write_wanted_;
+  nghttp2_session* session_ = nullptr;
+  std::unordered_map<std::int32_t, std::shared_ptr<H2Stream>> streams_;
+  std::string read_buffer_;
+  std::string out_;
+  unsigned goaway_after_ = 0;
+  unsigned started_ = 0;
+  std::int32_t last_started_ = 0;
+  bool goaway_sent_ = false;
+  bool closed_ = false;
+};
+
+// Whether a TLS connection's handshake chose h2.
+bool alpn_chose_h2(SSL* ssl) {
+  const unsigned char* chosen = nullptr;
+  unsigned int size = 0;
+  SSL_get0_alpn_selected(ssl, &chosen, &size);
+  return size == 2 && std::memcmp(chosen, "h2", 2) == 0;
+}
+
+// The server's ALPN choice: h2 when offered, else http/1.1, else none.
+int select_alpn(SSL*, const unsigned char** out, unsigned char* out_size, const unsigned char* in,
+                unsigned int in_size, void*) {
+  for (std::string_view wanted : {std::string_view("h2"), std::string_view("http/1.1")}) {
+    for (unsigned int i = 0; i < in_size;) {
+      const unsigned size = in[i];
+      if (i + 1 + size > in_size) break;
+      if (std::string_view(reinterpret_cast<const char*>(in + i + 1), size) == wanted) {
+        *out = in + i + 1;
+        *out_size = static_cast<unsigned char>(size);
+        return SSL_TLSEXT_ERR_OK;
+      }
+      i += 1 + size;
+    }
+  }
+  return SSL_TLSEXT_ERR_NOACK;
+}
+
 // One client connection. Two coroutines share its strand: the reader always
 // has a read pending (so a peer that goes away is noticed immediately, even
 // while a response is sleeping between events) and queues requests; the
@@ -1633,6 +2282,7 @@ class Connection final : public ConnectionHandle,
   }
 
   ~Connection() override {
+    if (handed_over_) return;
     // Reached without close() only if a coroutine ended by an exception.
     if (!closed_) state_.open_connections.fetch_sub(1, std::memory_order_relaxed);
     registry_.remove(id_);
@@ -1688,10 +2338,28 @@ class Connection final : public ConnectionHandle,
         self->close(CloseStyle::graceful);
         co_return;
       }
+      if (self->state_.http2 && alpn_chose_h2(self->stream_.native_handle())) {
+        self->hand_over_to_h2();
+        co_return;
+      }
     }
     if (self->closed_) co_return;
     asio::co_spawn(self->stream_.get_executor(), read_requests(self), close_on_exception(self));
     co_await self->respond_loop();
+  }
+
+  // The handshake chose h2: the connection, its id and its count go on as
+  // an H2Connection, and this one ends without closing anything.
+  void hand_over_to_h2() {
+    handed_over_ = true;
+    closed_ = true;
+    registry_.remove(id_);
+    auto h2 = std::make_shared<H2Connection<Stream>>(state_, registry_, id_, std::move(stream_));
+    if (!registry_.add(id_, h2)) {
+      h2->close_unstarted();
+      return;
+    }
+    H2Connection<Stream>::launch(std::move(h2), false);
   }
 
   static awaitable<void> read_requests(std::shared_ptr<Connection> self) {
@@ -1776,7 +2444,7 @@ class Connection final : public ConnectionHandle,
 
   awaitable<Next> respond(Pending& pending) {
     const bool keep_alive = pending.request.keep_alive();
-    std::optional<Reply> reply = reply_without_model(pending);
+    std::optional<Reply> reply = reply_without_model(pending.request, pending.endpoint, state_);
     if (reply) {
       if (is_anthropic(pending.endpoint)) reply = in_anthropic_shape(std::move(*reply));
       const Next next = co_await send_reply(*reply, keep_alive);
@@ -1784,54 +2452,6 @@ class Connection final : public ConnectionHandle,
     }
     const Next next = co_await respond_model_request(pending, keep_alive);
     co_return next;
-  }
-
-  // Control endpoints, unknown URLs and wrong methods; nullopt for a model
-  // request.
-  std::optional<Reply> reply_without_model(const Pending& pending) {
-    const Request& request = pending.request;
-    const auto method = request.method();
-    switch (pending.endpoint) {
-      case Endpoint::mock_stats:
-        if (method == http::verb::get) return Reply{200, state_.stats_json()};
-        break;
-      case Endpoint::mock_behaviour:
-        if (method == http::verb::get) {
-          return Reply{200, behaviour_json(state_.behaviour_snapshot()).dump()};
-        }
-        if (method == http::verb::post) return update_behaviour(request.body());
-        break;
-      case Endpoint::unknown: {
-        std::string message = "Unknown request URL: ";
-        message += to_std(request.method_string());
-        message += ' ';
-        message += to_std(request.target());
-        message += '.';
-        return Reply{404, error_body(message, "invalid_request_error", {}, "unknown_url")};
-      }
-      case Endpoint::models:
-        if (method == http::verb::get) return std::nullopt;
-        break;
-      default:
-        if (method == http::verb::post) return std::nullopt;
-        break;
-    }
-    std::string message = "Method ";
-    message += to_std(request.method_string());
-    message += " is not allowed for ";
-    message += to_std(request.target());
-    message += '.';
-    return Reply{405, error_body(message, "invalid_request_error", {}, "method_not_allowed")};
-  }
-
-  Reply update_behaviour(const std::string& body) {
-    Json document = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-    if (document.is_discarded()) return invalid_request("The behaviour body is not valid JSON.");
-    std::lock_guard lock(state_.behaviour_mutex);
-    Behaviour updated = state_.behaviour;
-    if (auto error = apply_behaviour_json(document, updated)) return invalid_request(*error);
-    state_.behaviour = std::move(updated);
-    return Reply{204, {}};
   }
 
   awaitable<Next> respond_model_request(Pending& pending, bool keep_alive) {
@@ -2113,6 +2733,7 @@ class Connection final : public ConnectionHandle,
   bool responding_ = false;  // the responder owns the write side
   bool final_write_in_flight_ = false;
   bool last_write_ok_ = false;
+  bool handed_over_ = false;
 };
 
 std::string bracket_if_ipv6(const std::string& host) {
@@ -2143,6 +2764,7 @@ std::optional<std::string> RecordedRequest::header(std::string_view name) const 
 struct MockServer::Impl {
   explicit Impl(Options opts) : options(std::move(opts)), io(std::max(1u, options.threads)) {
     state.behaviour = options.behaviour;
+    state.http2 = options.http2;
   }
 
   awaitable<void> accept_loop() {
@@ -2165,6 +2787,14 @@ struct MockServer::Impl {
         using TlsStream = ssl::stream<tcp::socket>;
         start_connection(id, std::make_shared<Connection<TlsStream>>(
                                  state, registry, id, TlsStream(std::move(socket), *tls)));
+      } else if (state.http2) {
+        auto connection =
+            std::make_shared<H2Connection<tcp::socket>>(state, registry, id, std::move(socket));
+        if (!registry.add(id, connection)) {
+          connection->close_unstarted();
+          continue;
+        }
+        H2Connection<tcp::socket>::launch(std::move(connection), true);
       } else {
         start_connection(
             id, std::make_shared<Connection<tcp::socket>>(state, registry, id, std::move(socket)));
@@ -2226,6 +2856,9 @@ void MockServer::start() {
     impl.tls->use_private_key(
         asio::buffer(impl.options.tls_key_pem.data(), impl.options.tls_key_pem.size()),
         ssl::context::pem);
+    if (impl.options.http2) {
+      SSL_CTX_set_alpn_select_cb(impl.tls->native_handle(), &select_alpn, nullptr);
+    }
   }
 
   tcp::resolver resolver(impl.io);

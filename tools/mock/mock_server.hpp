@@ -85,6 +85,15 @@ struct Behaviour {
   // counts a /v1/messages answer reports in its usage.
   unsigned cache_read_tokens = 0;
   unsigned cache_creation_tokens = 0;
+  // HTTP/2 only, connection-wide like accept_delay (POST /mock/behaviour):
+  // SETTINGS_MAX_CONCURRENT_STREAMS a new connection announces
+  // ("h2_max_streams"); after this many streams a connection sends GOAWAY
+  // naming the last of them and refuses the rest, 0 never
+  // ("h2_goaway_after"); whether PINGs are answered, false for a server
+  // that has stalled ("h2_ping_ack").
+  unsigned h2_max_streams = 100;
+  unsigned h2_goaway_after = 0;
+  bool h2_ping_ack = true;
 };
 
 // True for "" and every failure mode listed on Behaviour::fail.
@@ -99,7 +108,10 @@ struct Stats {
   std::uint64_t open_connections = 0;
   std::uint64_t requests = 0;  // requests fully read (every endpoint except /mock/*)
   std::uint64_t streams_completed = 0;
-  std::uint64_t streams_cancelled = 0;  // the peer closed before the stream finished
+  std::uint64_t streams_cancelled = 0;   // the peer closed before the stream finished
+  std::uint64_t h2_connections = 0;      // connections that spoke HTTP/2
+  std::uint64_t h2_resets_received = 0;  // RST_STREAM frames from clients
+  std::uint64_t h2_pings_received = 0;
 };
 
 struct RecordedRequest {
@@ -122,6 +134,9 @@ class MockServer {
     // Both non-empty: serve HTTPS with this certificate chain and key.
     std::string tls_cert_pem;
     std::string tls_key_pem;
+    // Serve HTTP/2 as well: offered by ALPN (h2, http/1.1) over TLS, or
+    // spoken from the first byte (h2c with prior knowledge) without it.
+    bool http2 = false;
   };
 
   explicit MockServer(Options options);

@@ -5,6 +5,10 @@
 
 namespace sluice {
 
+inline char to_lower_ascii(char c) {
+  return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c;
+}
+
 // ASCII case-insensitive equality, as header names compare.
 inline bool iequals(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;

@@ -44,6 +44,12 @@ struct Timeouts {
   bool adaptive() const { return ttft_auto || idle_auto; }
 };
 
+// How requests to an upstream may use HTTP/2 (`upstream.http2`, a
+// deployment's `http2`): auto offers h2 and http/1.1 by ALPN on https and
+// speaks HTTP/1.1 on http://; prior_knowledge speaks h2c from the first byte
+// on http:// (and h2 by ALPN on https); off is HTTP/1.1 only.
+enum class Http2Mode { automatic, off, prior_knowledge };
+
 struct Deployment {
   std::string id;  // unique across the whole config
   Url base_url;
@@ -72,6 +78,8 @@ struct Deployment {
   // Azure OpenAI's `api-version` query parameter ("2024-10-21"); set only,
   // and always, with `provider: azure`.
   std::string api_version;
+  // Its own `http2`, or upstream.http2 when it has none.
+  Http2Mode http2 = Http2Mode::automatic;
 };
 
 enum class Strategy { latency, round_robin, weighted, least_busy, priority };
@@ -186,6 +194,11 @@ struct Upstream {
   unsigned max_idle_per_origin = 64;  // per event-loop thread
   Duration idle_expiry{60000};        // pooled connections unused this long are closed
   Duration dns_ttl{30000};
+  Http2Mode http2 = Http2Mode::automatic;
+  // An HTTP/2 connection that has received nothing for http2_ping_after is
+  // sent a PING; no answer within http2_ping_timeout closes it.
+  Duration http2_ping_after{30000};
+  Duration http2_ping_timeout{5000};
 };
 
 struct Backoff {

@@ -17,6 +17,7 @@ namespace sluice::metrics {
 struct UpstreamConnectionCounts {
   std::uint64_t idle = 0;
   std::uint64_t active = 0;
+  std::uint64_t streams = 0;  // HTTP/2 streams in flight
 };
 
 struct DeploymentCooldown {

@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "sluice/common/result.hpp"
 #include "sluice/http/eager_write.hpp"
@@ -41,13 +42,18 @@ class Http1Client final : public Transport {
 
   Pool& pool() { return deps_.pool; }
 
+  // Opens a connection to the origin (name lookup, TCP, TLS) within
+  // limits.connect, counted as opened in the pool. `alpn`, in ALPN's wire
+  // format, is offered in a TLS handshake; empty offers nothing.
+  boost::asio::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> connect(
+      const Origin& origin, const Limits& limits, AbortHandle& abort_handle, Timing& timing,
+      std::string_view alpn = {});
+
  private:
   struct OutgoingRequest;
 
   // A connection of the pool to the origin, or null when it has none idle.
   std::unique_ptr<Connection> take_pooled(const Origin& origin, Timing& timing);
-  boost::asio::awaitable<Result<std::unique_ptr<Connection>, UpstreamError>> connect(
-      const Origin& origin, const Limits& limits, AbortHandle& abort_handle, Timing& timing);
   // Writes the request's head and offers the whole request to the socket,
   // without waiting.
   WriteProgress send_now(Http1Exchange& exchange, const Origin& origin, const Request& request,

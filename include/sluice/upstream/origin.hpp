@@ -1,6 +1,7 @@
 #pragma once
 
 #include <boost/asio/ip/tcp.hpp>
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -19,6 +20,18 @@ struct Origin {
   std::string ca_file;
   // The endpoint itself when the host is an IP address.
   std::optional<boost::asio::ip::tcp::endpoint> address;
+  // Whether and how HTTP/2 is spoken (config::Http2Mode), and the health
+  // checks of an HTTP/2 connection (upstream.http2_ping_*).
+  config::Http2Mode http2 = config::Http2Mode::off;
+  std::chrono::milliseconds http2_ping_after{30000};
+  std::chrono::milliseconds http2_ping_timeout{5000};
+
+  // Carried by the http2 transport: h2c by prior knowledge, or https where
+  // ALPN may choose h2. auto on http:// stays with HTTP/1.1.
+  bool may_speak_http2() const {
+    return http2 == config::Http2Mode::prior_knowledge ||
+           (http2 == config::Http2Mode::automatic && tls);
+  }
 
   // "https://host:port" plus the trust settings, unique per pool.
   const std::string& key() const { return key_; }
@@ -27,7 +40,7 @@ struct Origin {
 
   // Both derived strings are made here, once: the gateway keeps one Origin
   // per deployment in its snapshot instead of rebuilding them per request.
-  static Origin from(const config::Deployment& deployment);
+  static Origin from(const config::Deployment& deployment, const config::Upstream& upstream = {});
 
  private:
   std::string key_;

@@ -14,6 +14,12 @@
 
 namespace sluice::upstream {
 
+// What the upstream's x-request-id and x-ratelimit-* lines are renamed to
+// (kRenamedPrefix + name): the gateway's answer gives those names its own
+// values.
+inline constexpr std::string_view kRenamedPrefix = "upstream-";
+bool is_renamed_from_upstream(std::string_view name);
+
 // Parses an upstream's response with Beast's parser, but builds no field
 // container: the gateway needs only the status, the framing (which Beast
 // tracks itself), the content type, Retry-After (or retry-after-ms), and

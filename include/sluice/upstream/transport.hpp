@@ -47,6 +47,11 @@ class Transport {
   // request pays no handshake.
   virtual boost::asio::awaitable<std::optional<UpstreamError>> warm(const Origin& origin,
                                                                     const Limits& limits) = 0;
+
+  // At shutdown, on the worker's thread or once it has stopped, while its
+  // event loop still exists: closes and lets go of what the transport keeps
+  // open, so nothing of it outlives the loop.
+  virtual void shut_down() {}
 };
 
 }  // namespace sluice::upstream

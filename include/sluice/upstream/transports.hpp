@@ -29,6 +29,9 @@ std::span<const RegisteredTransport> registered_transports();
 std::optional<std::size_t> find_transport(std::string_view name);
 // kDefaultTransport's place.
 std::size_t default_transport();
+// The place of what carries requests to `origin`: HTTP/2 where it may be
+// spoken (Origin::may_speak_http2), the default otherwise.
+std::size_t transport_for(const Origin& origin);
 
 // One instance of every registered transport, for one worker thread.
 class Transports {
@@ -38,6 +41,10 @@ class Transports {
   Transport& operator[](std::size_t place) { return *instances_[place]; }
   // Null for a name not registered.
   Transport* find(std::string_view name);
+  // Transport::shut_down of every instance.
+  void shut_down() {
+    for (auto& instance : instances_) instance->shut_down();
+  }
 
  private:
   std::vector<std::unique_ptr<Transport>> instances_;

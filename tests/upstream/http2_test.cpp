@@ -1,0 +1,329 @@
+// HTTP/2 to upstreams: streams multiplexed on one connection per origin and
+// worker, h2c by prior knowledge and h2 by ALPN, a client gone resetting only
+// its stream, GOAWAY, PING health checks, and nghttpd as an h2 server that
+// is not ours.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sluice/upstream/http2_client.hpp"
+#include "sluice/upstream/transports.hpp"
+#include "support/certificates.hpp"
+#include "support/child_process.hpp"
+#include "support/gateway_fixture.hpp"
+#include "support/http_client.hpp"
+#include "support/socket_pair.hpp"
+
+namespace sluice::testing {
+namespace {
+
+namespace net = boost::asio;
+using namespace std::chrono_literals;
+
+std::unique_ptr<mock::MockServer> start_h2_mock(mock::Behaviour behaviour,
+                                                const Certificate* certificate = nullptr) {
+  mock::MockServer::Options options;
+  options.behaviour = std::move(behaviour);
+  options.http2 = true;
+  if (certificate) {
+    options.tls_cert_pem = certificate->cert_pem;
+    options.tls_key_pem = certificate->key_pem;
+  }
+  auto server = std::make_unique<mock::MockServer>(options);
+  server->start();
+  return server;
+}
+
+// One worker, so that one connection per origin per worker is one
+// connection; no warm connection unless `extra` asks for one.
+std::string h2_config(const std::string& base_url, const std::string& extra,
+                      const std::string& upstream_section = "") {
+  return "server:\n  listen: 127.0.0.1:0\n  threads: 1\n" + upstream_section +
+         "router:\n  retries: 0\nmodels:\n  - name: chat\n    deployments:\n" +
+         deployment_yaml("h2", base_url, extra);
+}
+
+const std::string kPriorKnowledge = "        http2: prior_knowledge\n";
+
+TEST(Http2Upstream, ConcurrentStreamsShareOneConnection) {
+  mock::Behaviour behaviour;
+  behaviour.ttft = 200ms;  // long enough for all ten to be in flight together
+  auto upstream = start_h2_mock(behaviour);
+  TestGateway gateway(h2_config(upstream->base_url(), kPriorKnowledge + kNoWarmConnections));
+  std::atomic<int> complete{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 10; ++i) {
+    clients.emplace_back([&] {
+      HttpConnection client(gateway.port());
+      auto response = client.request("POST", "/v1/chat/completions", chat_body("chat", true));
+      if (response.status == 200 && sse_data(response.body).back() == "[DONE]") ++complete;
+    });
+  }
+  for (auto& client : clients) client.join();
+  EXPECT_EQ(complete.load(), 10);
+  EXPECT_EQ(upstream->stats().requests, 10u);
+  EXPECT_EQ(upstream->stats().connections_accepted, 1u);
+  EXPECT_EQ(upstream->stats().h2_connections, 1u);
+}
+
+TEST(Http2Upstream, AFullConnectionOpensAnother) {
+  mock::Behaviour behaviour;
+  behaviour.ttft = 300ms;
+  behaviour.h2_max_streams = 2;
+  auto upstream = start_h2_mock(behaviour);
+  // The first connection's SETTINGS are in before the burst.
+  TestGateway gateway(h2_config(upstream->base_url(), kPriorKnowledge));
+  ASSERT_TRUE(eventually([&] { return upstream->stats().h2_connections == 1; }));
+  std::this_thread::sleep_for(50ms);
+  std::atomic<int> complete{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 6; ++i) {
+    clients.emplace_back([&] {
+      HttpConnection client(gateway.port());
+      auto response = client.request("POST", "/v1/chat/completions", chat_body("chat", false));
+      if (response.status == 200) ++complete;
+    });
+  }
+  for (auto& client : clients) client.join();
+  EXPECT_EQ(complete.load(), 6);
+  EXPECT_EQ(upstream->stats().h2_connections, 3u);
+}
+
+TEST(Http2Upstream, PriorKnowledgeSpeaksH2cWithLowercaseEndToEndHeaders) {
+  auto upstream = start_h2_mock({});
+  TestGateway gateway(h2_config(upstream->base_url(), kPriorKnowledge + kNoWarmConnections +
+                                                          "        headers:\n"
+                                                          "          X-Team: Blue\n"));
+  auto response =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
+  ASSERT_EQ(response.status, 200u) << response.body;
+  EXPECT_NE(response.body.find("chat.completion"), std::string::npos);
+  EXPECT_EQ(upstream->stats().h2_connections, 1u);
+  const auto recorded = upstream->recent_requests();
+  ASSERT_EQ(recorded.size(), 1u);
+  bool saw_team = false;
+  for (const auto& [name, value] : recorded[0].headers) {
+    if (name == "Host") continue;  // the mock's own name for :authority
+    EXPECT_TRUE(std::none_of(name.begin(), name.end(), [](char c) { return c >= 'A' && c <= 'Z'; }))
+        << name;
+    EXPECT_NE(name, "connection");
+    EXPECT_NE(name, "transfer-encoding");
+    if (name == "x-team") saw_team = value == "Blue";
+  }
+  EXPECT_TRUE(saw_team);
+  EXPECT_EQ(recorded[0].header("content-length"), std::to_string(recorded[0].body.size()));
+}
+
+TEST(Http2Upstream, AutoOnHttpsLetsAlpnChooseH2) {
+  const auto certificate = make_self_signed_certificate();
+  TempFile ca_file(certificate.cert_pem, ".pem");
+  auto upstream = start_h2_mock({}, &certificate);
+  const std::string url = "https://localhost:" + std::to_string(upstream->port()) + "/v1";
+  TestGateway gateway(
+      h2_config(url, kNoWarmConnections + "        ca_file: " + ca_file.path() + "\n"));
+  for (int i = 0; i < 3; ++i) {
+    auto response =
+        http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
+    ASSERT_EQ(response.status, 200u) << response.body;
+    EXPECT_EQ(sse_data(response.body).back(), "[DONE]");
+  }
+  EXPECT_EQ(upstream->stats().h2_connections, 1u);
+  EXPECT_EQ(upstream->stats().connections_accepted, 1u);
+}
+
+TEST(Http2Upstream, AutoOnHttpsStaysWithHttp11WhenTheServerChoosesIt) {
+  const auto certificate = make_self_signed_certificate();
+  TempFile ca_file(certificate.cert_pem, ".pem");
+  mock::MockServer::Options options;
+  options.tls_cert_pem = certificate.cert_pem;
+  options.tls_key_pem = certificate.key_pem;
+  mock::MockServer upstream(options);  // no h2 offered
+  upstream.start();
+  const std::string url = "https://localhost:" + std::to_string(upstream.port()) + "/v1";
+  TestGateway gateway(
+      h2_config(url, kNoWarmConnections + "        ca_file: " + ca_file.path() + "\n"));
+  for (int i = 0; i < 2; ++i) {
+    auto response =
+        http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
+    ASSERT_EQ(response.status, 200u) << response.body;
+  }
+  EXPECT_EQ(upstream.stats().h2_connections, 0u);
+  EXPECT_EQ(upstream.stats().connections_accepted, 1u);
+}
+
+TEST(Http2Upstream, StreamedAnswerIsRelayedChunkByChunk) {
+  mock::Behaviour behaviour;
+  behaviour.interval = 150ms;
+  behaviour.tokens = 4;
+  auto upstream = start_h2_mock(behaviour);
+  TestGateway gateway(h2_config(upstream->base_url(), kPriorKnowledge + kNoWarmConnections));
+  HttpConnection client(gateway.port());
+  client.send("POST", "/v1/chat/completions", chat_body("chat", true));
+  auto head = client.read_head();
+  ASSERT_EQ(head.status, 200u);
+  std::vector<std::chrono::steady_clock::time_point> arrivals;
+  std::string body;
+  while (auto piece = client.read_body_piece()) {
+    arrivals.push_back(std::chrono::steady_clock::now());
+    body += *piece;
+  }
+  EXPECT_EQ(sse_data(body).back(), "[DONE]");
+  // Six events 150 ms apart came as they were sent, not gathered at the end.
+  ASSERT_GE(arrivals.size(), 4u);
+  EXPECT_GE(arrivals.back() - arrivals.front(), 500ms);
+}
+
+TEST(Http2Upstream, ClientGoneResetsItsStreamAndKeepsTheConnection) {
+  mock::Behaviour behaviour;
+  behaviour.interval = 100ms;
+  behaviour.tokens = 100;
+  auto upstream = start_h2_mock(behaviour);
+  TestGateway gateway(h2_config(upstream->base_url(), kPriorKnowledge + kNoWarmConnections));
+  {
+    HttpConnection client(gateway.port());
+    client.send("POST", "/v1/chat/completions", chat_body("chat", true));
+    ASSERT_EQ(client.read_head().status, 200u);
+    ASSERT_TRUE(client.read_body_piece().has_value());
+    client.close();
+  }
+  ASSERT_TRUE(eventually([&] { return upstream->stats().h2_resets_received == 1; }));
+  EXPECT_TRUE(eventually([&] { return upstream->stats().streams_cancelled == 1; }));
+  // The next request goes on the same connection.
+  auto response =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
+  EXPECT_EQ(response.status, 200u);
+  EXPECT_EQ(upstream->stats().connections_accepted, 1u);
+  EXPECT_EQ(upstream->stats().open_connections, 1u);
+}
+
+TEST(Http2Upstream, GoawayFinishesStreamsBelowAndRetriesThoseAbove) {
+  mock::Behaviour behaviour;
+  behaviour.interval = 100ms;
+  behaviour.tokens = 5;
+  behaviour.h2_goaway_after = 1;
+  auto upstream = start_h2_mock(behaviour);
+  TestGateway gateway(h2_config(upstream->base_url(), kPriorKnowledge + kNoWarmConnections));
+  HttpConnection first(gateway.port());
+  first.send("POST", "/v1/chat/completions", chat_body("chat", true));
+  ASSERT_EQ(first.read_head().status, 200u);
+  // Sent on the first connection while its stream runs: the server refuses
+  // it by GOAWAY, and it is carried by a second connection.
+  auto second =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
+  EXPECT_EQ(second.status, 200u) << second.body;
+  EXPECT_EQ(sse_data(second.body).back(), "[DONE]");
+  EXPECT_EQ(sse_data(first.read_rest_of_body()).back(), "[DONE]");
+  EXPECT_EQ(upstream->stats().connections_accepted, 2u);
+  EXPECT_EQ(upstream->stats().requests, 2u);
+}
+
+TEST(Http2Upstream, UnansweredPingClosesTheConnection) {
+  mock::Behaviour behaviour;
+  behaviour.h2_ping_ack = false;  // a server that has stalled
+  auto upstream = start_h2_mock(behaviour);
+  TestGateway gateway(
+      h2_config(upstream->base_url(), kPriorKnowledge + kNoWarmConnections,
+                "upstream:\n  http2_ping_after: 100ms\n  http2_ping_timeout: 100ms\n"));
+  auto response =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
+  ASSERT_EQ(response.status, 200u);
+  ASSERT_TRUE(eventually([&] { return upstream->stats().h2_pings_received >= 1; }));
+  ASSERT_TRUE(eventually([&] { return upstream->stats().open_connections == 0; }));
+  response = http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
+  EXPECT_EQ(response.status, 200u);
+  EXPECT_EQ(upstream->stats().connections_accepted, 2u);
+}
+
+TEST(Http2Upstream, AnsweredPingsKeepTheConnection) {
+  auto upstream = start_h2_mock({});
+  TestGateway gateway(
+      h2_config(upstream->base_url(), kPriorKnowledge + kNoWarmConnections,
+                "upstream:\n  http2_ping_after: 50ms\n  http2_ping_timeout: 200ms\n"));
+  auto response =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
+  ASSERT_EQ(response.status, 200u);
+  ASSERT_TRUE(eventually([&] { return upstream->stats().h2_pings_received >= 3; }));
+  EXPECT_EQ(upstream->stats().open_connections, 1u);
+}
+
+// A port the kernel picked as free a moment ago, for a server that must be
+// told one.
+std::uint16_t h2_free_port() {
+  net::io_context context;
+  net::ip::tcp::acceptor acceptor(context, {net::ip::make_address("127.0.0.1"), 0});
+  return acceptor.local_endpoint().port();
+}
+
+TEST(Http2Upstream, NghttpdServesAFileThroughTheTransport) {
+  const std::string nghttpd = "/usr/sbin/nghttpd";
+  if (!std::filesystem::exists(nghttpd)) GTEST_SKIP() << "nghttpd not installed (scripts/setup)";
+  const auto directory =
+      std::filesystem::temp_directory_path() / ("sluice-nghttpd-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(directory);
+  const std::string content = R"({"object":"list","data":[{"id":"served-by-nghttpd"}]})";
+  std::ofstream(directory / "models.json") << content;
+  const auto port = h2_free_port();
+  ChildProcess server(
+      nghttpd, {"--no-tls", "-d", directory.string(), "-a", "127.0.0.1", std::to_string(port)});
+  config::Deployment deployment;
+  deployment.base_url = {"http", "127.0.0.1", port, ""};
+  deployment.http2 = config::Http2Mode::prior_knowledge;
+  const auto origin = upstream::Origin::from(deployment);
+
+  net::io_context context;
+  upstream::DnsCache dns(std::chrono::seconds(60));
+  upstream::Pool pool{upstream::PoolOptions{}};
+  upstream::TlsContexts tls;
+  upstream::Http2Client client({pool, dns, tls});
+  upstream::Request request;
+  request.method = "GET";
+  request.target = {"/models.json", "", ""};
+  request.fields = {"Accept: application/json\r\n", "", ""};
+  upstream::Limits limits;
+  limits.connect = 1s;
+  limits.ttft = 2s;
+  limits.idle = 2s;
+  unsigned status = 0;
+  std::string body;
+  std::string failure;
+  // nghttpd may take a moment to listen.
+  for (int attempt = 0; attempt < 50 && status == 0; ++attempt) {
+    run_to_end(context, [&]() -> net::awaitable<void> {
+      upstream::AbortHandle abort_handle;
+      auto started = co_await client.start(origin, request, limits, abort_handle);
+      if (!started) {
+        failure = started.error().describe();
+        co_return;
+      }
+      auto& exchange = *started.value();
+      status = exchange.status();
+      std::array<char, 64> piece{};
+      for (;;) {
+        auto read = exchange.read_buffered_body(piece.data(), piece.size());
+        if (!read) read = co_await exchange.read_body(piece.data(), piece.size());
+        if (!*read || read->value() == 0) break;
+        body.append(piece.data(), read->value());
+      }
+    }());
+    context.restart();
+    if (status == 0) std::this_thread::sleep_for(50ms);
+  }
+  std::filesystem::remove_all(directory);
+  ASSERT_EQ(status, 200u) << failure;
+  EXPECT_EQ(body, content);
+  EXPECT_EQ(client.connection_count(origin.key()), 1u);
+}
+
+}  // namespace
+}  // namespace sluice::testing
