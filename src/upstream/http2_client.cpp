@@ -413,7 +413,8 @@ class Http2Session : public std::enable_shared_from_this<Http2Session> {
     while (stream.piece < stream.body.size() && written < length) {
       auto& piece = stream.body[stream.piece];
       const std::size_t size = std::min(piece.size(), length - written);
-      std::memcpy(buffer + written, piece.data(), size);
+      // An empty piece may have no data at all (a default string_view).
+      if (size > 0) std::memcpy(buffer + written, piece.data(), size);
       written += size;
       piece.remove_prefix(size);
       if (piece.empty()) ++stream.piece;
