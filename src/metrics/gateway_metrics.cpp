@@ -86,8 +86,9 @@ GatewayMetrics::GatewayMetrics(Registry& registry, GatewayMetricsSources sources
   // Read once per scrape, so idle and active come from the same moment.
   registry.gauge_collector(
       "sluice_upstream_connections",
-      "Upstream connections in the pools, by state (an HTTP/2 connection is active).", {"state"},
-      [read = sources.upstream_connections](std::vector<GaugeSample>& out) {
+      "Upstream connections in the pools, by state (an HTTP/2 connection is idle while it "
+      "carries no stream).",
+      {"state"}, [read = sources.upstream_connections](std::vector<GaugeSample>& out) {
         if (!read) return;
         const UpstreamConnectionCounts counts = read();
         out.push_back({{"idle"}, static_cast<double>(counts.idle)});

@@ -65,6 +65,8 @@ bool alpn_chose_h2(Connection& connection) {
   return size == 2 && std::memcmp(chosen, "h2", 2) == 0;
 }
 
+void cancel_timer(void* timer) { static_cast<net::steady_timer*>(timer)->cancel(); }
+
 }  // namespace
 
 Http2Counters& http2_counters() {
@@ -127,6 +129,7 @@ class Http2Session : public std::enable_shared_from_this<Http2Session> {
     auto& counters = http2_counters();
     counters.connections.fetch_add(1, std::memory_order_relaxed);
     counters.opened.fetch_add(1, std::memory_order_relaxed);
+    pool_.note_streams_ended();
   }
 
   ~Http2Session() {
@@ -177,12 +180,19 @@ class Http2Session : public std::enable_shared_from_this<Http2Session> {
   // connection may carry; false if they did not come by `until`.
   net::awaitable<bool> settled(TimePoint until) {
     auto self = shared_from_this();
-    while (!settings_received_ && !closed_) {
+    while (!settings_received_ && !closed_ && !settling_stopped_) {
       settings_wait_.expires_at(until);
       auto [ec] = co_await settings_wait_.async_wait(as_tuple(use_awaitable));
       if (ec != net::error::operation_aborted) break;
     }
     co_return settings_received_ && !closed_;
+  }
+  // For an opener whose request is aborted: a hedge that won must not wait
+  // for this one's connection to settle.
+  static void stop_settling(void* session) {
+    auto& me = *static_cast<Http2Session*>(session);
+    me.settling_stopped_ = true;
+    me.settings_wait_.cancel();
   }
   bool accepts_streams() const {
     if (closed_ || going_away_) return false;
@@ -243,7 +253,7 @@ class Http2Session : public std::enable_shared_from_this<Http2Session> {
                                body_size > 0 ? &provider : nullptr, &stream);
     if (id < 0) return false;
     stream.id = id;
-    ++in_flight_;
+    if (in_flight_++ == 0) pool_.note_streams_began();
     http2_counters().streams.fetch_add(1, std::memory_order_relaxed);
     live_.push_back(&stream);
     wake_writer();
@@ -301,6 +311,7 @@ class Http2Session : public std::enable_shared_from_this<Http2Session> {
       stream->wake.cancel();
     }
     counters.streams.fetch_sub(in_flight_, std::memory_order_relaxed);
+    if (in_flight_ == 0) pool_.note_streams_began();  // so that the discard below counts it
     in_flight_ = 0;
     write_wanted_.cancel();
     settings_wait_.cancel();
@@ -521,7 +532,7 @@ class Http2Session : public std::enable_shared_from_this<Http2Session> {
                              void* user_data) {
     auto& me = of(user_data);
     if (me.in_flight_ > 0) {
-      --me.in_flight_;
+      if (--me.in_flight_ == 0) me.pool_.note_streams_ended();
       http2_counters().streams.fetch_sub(1, std::memory_order_relaxed);
     }
     auto* stream = me.stream_of(stream_id);
@@ -582,6 +593,7 @@ class Http2Session : public std::enable_shared_from_this<Http2Session> {
   bool ping_outstanding_ = false;
   bool going_away_ = false;
   bool settings_received_ = false;
+  bool settling_stopped_ = false;
   bool closed_ = false;
 };
 
@@ -774,7 +786,9 @@ net::awaitable<Result<std::shared_ptr<Http2Session>, UpstreamError>> Http2Client
   // The server's SETTINGS come with its first bytes; a server that sends
   // none within the connect deadline speaks no HTTP/2.
   const auto settle_by = std::min(timing.secured + limits.connect, limits.deadline);
+  abort_handle.stop_with(&Http2Session::stop_settling, session.get());
   const bool settled = co_await session->settled(settle_by);
+  abort_handle.clear_stop(session.get());
   if (!settled) {
     session->close({});
     if (abort_handle.aborted()) co_return UpstreamError{Failure::aborted, {}};
@@ -802,9 +816,13 @@ net::awaitable<Result<std::unique_ptr<Exchange>, UpstreamError>> Http2Client::st
       auto opening = opening_.find(origin.key());
       if (opening == opening_.end()) break;
       auto signal = opening->second;
+      // An abort wakes every waiter; the others find the opening still
+      // under way and wait again.
+      abort_handle.stop_with(&cancel_timer, signal.get());
       auto [ec] = co_await signal->async_wait(as_tuple(use_awaitable));
-      if (ec != net::error::operation_aborted) break;
+      abort_handle.clear_stop(signal.get());
       if (abort_handle.aborted()) co_return UpstreamError{Failure::aborted, {}};
+      if (ec != net::error::operation_aborted) break;
       session = usable_session(origin.key());
       if (http1_origins_.contains(origin.key())) {
         co_return co_await http1_.start(origin, request, limits, abort_handle);

@@ -257,6 +257,64 @@ TEST(Http2Upstream, AnsweredPingsKeepTheConnection) {
   EXPECT_EQ(upstream->stats().open_connections, 1u);
 }
 
+TEST(Http2Upstream, AConnectionCountsAsIdleOnlyWhileItCarriesNoStream) {
+  mock::Behaviour behaviour;
+  behaviour.ttft = 500ms;
+  auto upstream = start_h2_mock(behaviour);
+  TestGateway gateway(h2_config(upstream->base_url(), kPriorKnowledge + kNoWarmConnections));
+  auto scrape = [&] {
+    return http_request(gateway.gateway().admin_port(), "GET", "/metrics").body;
+  };
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 3; ++i) {
+    clients.emplace_back([&] {
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
+    });
+  }
+  EXPECT_TRUE(eventually([&] {
+    const auto metrics = scrape();
+    return metrics.find("\nsluice_upstream_streams_active 3\n") != std::string::npos &&
+           metrics.find("\nsluice_upstream_connections{state=\"active\"} 1\n") !=
+               std::string::npos &&
+           metrics.find("\nsluice_upstream_connections{state=\"idle\"} 0\n") != std::string::npos;
+  })) << scrape();
+  for (auto& client : clients) client.join();
+  EXPECT_TRUE(eventually([&] {
+    return gateway.idle_upstream_connections() == 1 && gateway.active_upstream_connections() == 0;
+  })) << scrape();
+  const auto metrics = scrape();
+  EXPECT_NE(metrics.find("\nsluice_upstream_streams_active 0\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\nsluice_upstream_connections{state=\"idle\"} 1\n"), std::string::npos)
+      << metrics;
+  EXPECT_EQ(upstream->stats().connections_accepted, 1u);
+}
+
+// A listening socket that is never accepted from: connecting succeeds (the
+// kernel completes the handshake), and not one byte ever comes back.
+TEST(Http2Upstream, AWinningHedgeIsNotHeldByAConnectionAwaitingSettings) {
+  net::io_context context;
+  net::ip::tcp::acceptor silent(context, {net::ip::make_address("127.0.0.1"), 0});
+  const auto silent_url =
+      "http://127.0.0.1:" + std::to_string(silent.local_endpoint().port()) + "/v1";
+  auto steady = start_mock({});
+  TestGateway gateway(
+      "server:\n  listen: 127.0.0.1:0\n  threads: 1\nrouter:\n  retries: 0\n"
+      "  hedge: {after: 100ms}\nmodels:\n  - name: chat\n    strategy: priority\n"
+      "    deployments:\n" +
+      deployment_yaml("silent", silent_url,
+                      kPriorKnowledge + kNoWarmConnections + "        timeouts: {connect: 4s}\n") +
+      deployment_yaml("steady", steady->base_url(), kNoWarmConnections));
+  const auto started = std::chrono::steady_clock::now();
+  auto response =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
+  const auto elapsed = std::chrono::steady_clock::now() - started;
+  EXPECT_EQ(response.status, 200u) << response.body;
+  EXPECT_EQ(steady->stats().requests, 1u);
+  // The hedge answers in about 100 ms; the silent server's SETTINGS would
+  // have been awaited until the 4 s connect deadline.
+  EXPECT_LT(elapsed, 2s);
+}
+
 // A port the kernel picked as free a moment ago, for a server that must be
 // told one.
 std::uint16_t h2_free_port() {

@@ -59,6 +59,16 @@ class Pool {
     counters_.active.fetch_add(1, std::memory_order_relaxed);
   }
   void note_discarded() { counters_.active.fetch_sub(1, std::memory_order_relaxed); }
+  // An HTTP/2 connection never sits in the idle stacks: it is shared while
+  // it is out, and counts as idle whenever it carries no stream.
+  void note_streams_ended() {
+    counters_.active.fetch_sub(1, std::memory_order_relaxed);
+    counters_.idle.fetch_add(1, std::memory_order_relaxed);
+  }
+  void note_streams_began() {
+    counters_.idle.fetch_sub(1, std::memory_order_relaxed);
+    counters_.active.fetch_add(1, std::memory_order_relaxed);
+  }
 
   const PoolCounters& counters() const { return counters_; }
   const PoolOptions& options() const { return options_; }
