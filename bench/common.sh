@@ -15,13 +15,13 @@ wait_for_port() {
 }
 
 # Usage: listening_url FILE [SECONDS] [PID]
-# Prints the URL of the first "... listening on http://HOST:PORT" line a
+# Prints the URL of the first "... listening on http(s)://HOST:PORT" line a
 # server wrote to FILE, waiting up to SECONDS (default 10) for it, or until
 # PID (when given) has exited; returns 1 when none came.
 listening_url() {
   local file=$1 tries=$((${2:-10} * 10)) pid=${3:-} url
   for _ in $(seq "$tries"); do
-    url=$(grep -o 'listening on http://[^ ]*' "$file" 2>/dev/null | head -n1 | cut -d' ' -f3 || true)
+    url=$(grep -o 'listening on https\?://[^ ]*' "$file" 2>/dev/null | head -n1 | cut -d' ' -f3 || true)
     if [ -n "$url" ]; then
       echo "$url"
       return 0
