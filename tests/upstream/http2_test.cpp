@@ -13,6 +13,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +31,7 @@ namespace sluice::testing {
 namespace {
 
 namespace net = boost::asio;
+using json = nlohmann::json;
 using namespace std::chrono_literals;
 
 std::unique_ptr<mock::MockServer> start_h2_mock(mock::Behaviour behaviour,
@@ -313,6 +316,157 @@ TEST(Http2Upstream, AWinningHedgeIsNotHeldByAConnectionAwaitingSettings) {
   // The hedge answers in about 100 ms; the silent server's SETTINGS would
   // have been awaited until the 4 s connect deadline.
   EXPECT_LT(elapsed, 2s);
+}
+
+// The HTTP/1.1 client's promises, kept over HTTP/2.
+
+TEST(Http2Upstream, CredentialsAreTheDeploymentsAndServerTimingIsWritten) {
+  mock::Behaviour behaviour;
+  behaviour.ttft = 30ms;
+  auto upstream = start_h2_mock(behaviour);
+  TestGateway gateway(
+      h2_config(upstream->base_url(),
+                kPriorKnowledge + kNoWarmConnections + "        api_key: sk-deployment-secret\n"));
+  auto response =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true),
+                   {{"Authorization", "Bearer client-key"}, {"x-api-key", "client-key"}});
+  ASSERT_EQ(response.status, 200u) << response.body;
+  EXPECT_EQ(response.body.find("sk-deployment-secret"), std::string::npos);
+  const auto timing = response.header("server-timing");
+  EXPECT_NE(timing.find("gateway;dur="), std::string::npos) << timing;
+  std::smatch ttfb;
+  ASSERT_TRUE(std::regex_search(timing, ttfb, std::regex(R"(upstream-ttfb;dur=([0-9.]+))")))
+      << timing;
+  EXPECT_GE(std::stod(ttfb[1]), 25.0);
+  const auto recorded = upstream->recent_requests();
+  ASSERT_EQ(recorded.size(), 1u);
+  EXPECT_EQ(recorded[0].header("authorization").value_or(""), "Bearer sk-deployment-secret");
+  EXPECT_FALSE(recorded[0].header("x-api-key").has_value());
+  EXPECT_EQ(upstream->stats().h2_connections, 1u);
+}
+
+TEST(Http2Upstream, AResetBeforeTheHeadFailsOverAndOneAfterItEndsWithAnErrorEvent) {
+  auto steady = start_mock({});
+  {
+    mock::Behaviour behaviour;
+    behaviour.fail = "reset";
+    auto resetting = start_h2_mock(behaviour);
+    TestGateway gateway(
+        "server:\n  listen: 127.0.0.1:0\n  threads: 1\nrouter:\n  retries: 1\nmodels:\n"
+        "  - name: chat\n    strategy: priority\n    deployments:\n" +
+        deployment_yaml("resetting", resetting->base_url(), kPriorKnowledge + kNoWarmConnections) +
+        deployment_yaml("steady", steady->base_url(), kNoWarmConnections));
+    auto response =
+        http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
+    EXPECT_EQ(response.status, 200u) << response.body;
+    EXPECT_EQ(response.header("x-sluice-deployment"), "steady");
+    EXPECT_EQ(sse_data(response.body).back(), "[DONE]");
+    EXPECT_EQ(resetting->stats().requests, 1u);
+  }
+  mock::Behaviour behaviour;
+  behaviour.fail = "reset-mid";
+  behaviour.tokens = 6;
+  behaviour.interval = 20ms;
+  auto cutting = start_h2_mock(behaviour);
+  TestGateway gateway(
+      "server:\n  listen: 127.0.0.1:0\n  threads: 1\nrouter:\n  retries: 1\nmodels:\n"
+      "  - name: chat\n    strategy: priority\n    deployments:\n" +
+      deployment_yaml("cutting", cutting->base_url(), kPriorKnowledge + kNoWarmConnections) +
+      deployment_yaml("steady", steady->base_url(), kNoWarmConnections));
+  auto response =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
+  ASSERT_EQ(response.status, 200u) << response.body;
+  EXPECT_EQ(response.header("x-sluice-deployment"), "cutting");
+  const auto events = sse_data(response.body);
+  ASSERT_GE(events.size(), 2u) << response.body;
+  EXPECT_NE(events.front().find("chat.completion.chunk"), std::string::npos) << response.body;
+  EXPECT_NE(events.back(), "[DONE]");
+  const auto last = json::parse(events.back(), nullptr, false);
+  ASSERT_TRUE(last.is_object() && last.contains("error")) << events.back();
+  EXPECT_EQ(steady->stats().requests, 1u);  // only the first part's failover
+}
+
+TEST(Http2Upstream, FirstByteAndIdleDeadlinesHoldAndResetOnlyTheirStream) {
+  mock::Behaviour behaviour;
+  behaviour.ttft = 3000ms;
+  auto upstream = start_h2_mock(behaviour);
+  TestGateway gateway(h2_config(upstream->base_url(), kPriorKnowledge + kNoWarmConnections +
+                                                          "        timeouts: {ttft: 200ms, idle: "
+                                                          "300ms}\n"));
+  auto started = std::chrono::steady_clock::now();
+  auto late = http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 1500ms);
+  EXPECT_EQ(late.status, 504u) << late.body;
+  EXPECT_NE(late.body.find("first_byte_timeout"), std::string::npos) << late.body;
+
+  // A stream that stops after its first event: cut at the idle deadline.
+  started = std::chrono::steady_clock::now();
+  auto stalled = http_request(
+      gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true),
+      {{"x-mock-ttft-ms", "0"}, {"x-mock-fail", "stall-mid"}, {"x-mock-stall-ms", "3000"}});
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 1500ms);
+  ASSERT_EQ(stalled.status, 200u) << stalled.body;
+  const auto events = sse_data(stalled.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_NE(events.back().find("idle_timeout"), std::string::npos) << stalled.body;
+  // Each deadline reset its own stream; the connection carried both.
+  EXPECT_TRUE(eventually([&] { return upstream->stats().h2_resets_received == 2; }));
+  EXPECT_EQ(upstream->stats().connections_accepted, 1u);
+  EXPECT_EQ(upstream->stats().open_connections, 1u);
+}
+
+// Two streams in flight on one connection when it is lost: the one past its
+// first byte ends with the error event, the one still waiting for its head
+// is sent again to the other deployment.
+TEST(Http2Upstream, ALostConnectionFailsOverOnlyTheStreamsBeforeTheirFirstByte) {
+  mock::Behaviour behaviour;
+  behaviour.ttft = 3000ms;
+  behaviour.tokens = 100;
+  behaviour.interval = 50ms;
+  auto lost = start_h2_mock(behaviour);
+  auto steady = start_mock({});
+  TestGateway gateway(
+      "server:\n  listen: 127.0.0.1:0\n  threads: 1\nrouter:\n  retries: 1\nmodels:\n"
+      "  - name: chat\n    strategy: priority\n    deployments:\n" +
+      deployment_yaml("lost", lost->base_url(), kPriorKnowledge + kNoWarmConnections) +
+      deployment_yaml("steady", steady->base_url(), kNoWarmConnections));
+  HttpConnection streaming(gateway.port(), 5s);
+  streaming.send("POST", "/v1/chat/completions", chat_body("chat", true),
+                 {{"x-mock-ttft-ms", "0"}});
+  ASSERT_EQ(streaming.read_head().status, 200u);
+  ASSERT_TRUE(streaming.read_body_piece().has_value());
+  HttpConnection waiting(gateway.port(), 5s);
+  waiting.send("POST", "/v1/chat/completions", chat_body("chat", true));
+  ASSERT_TRUE(eventually([&] { return lost->stats().requests == 2; }));
+  ASSERT_EQ(lost->stats().connections_accepted, 1u);
+  lost->stop();
+
+  const auto cut = sse_data(streaming.read_rest_of_body());
+  ASSERT_FALSE(cut.empty());
+  const auto last = json::parse(cut.back(), nullptr, false);
+  EXPECT_TRUE(last.is_object() && last.contains("error")) << cut.back();
+  const auto head = waiting.read_head();
+  EXPECT_EQ(head.status, 200u);
+  EXPECT_EQ(head.header("x-sluice-deployment"), "steady");
+  EXPECT_EQ(sse_data(waiting.read_rest_of_body()).back(), "[DONE]");
+  EXPECT_EQ(steady->stats().requests, 1u);
+}
+
+TEST(Http2Upstream, WarmConnectionsOpenOneH2ConnectionPerWorker) {
+  auto upstream = start_h2_mock({});
+  TestGateway gateway(
+      "server:\n  listen: 127.0.0.1:0\n  threads: 2\nmodels:\n  - name: chat\n"
+      "    deployments:\n" +
+      deployment_yaml("h2", upstream->base_url(), kPriorKnowledge));
+  ASSERT_TRUE(eventually([&] { return upstream->stats().h2_connections == 2; }));
+  EXPECT_EQ(upstream->stats().requests, 0u);
+  for (int i = 0; i < 6; ++i) {
+    auto response =
+        http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
+    EXPECT_EQ(response.status, 200u) << response.body;
+  }
+  EXPECT_EQ(upstream->stats().requests, 6u);
+  EXPECT_EQ(upstream->stats().connections_accepted, 2u);
 }
 
 // A port the kernel picked as free a moment ago, for a server that must be
