@@ -452,6 +452,58 @@ TEST(Http2Upstream, ALostConnectionFailsOverOnlyTheStreamsBeforeTheirFirstByte) 
   EXPECT_EQ(steady->stats().requests, 1u);
 }
 
+// A client that does not read holds back only its own stream: the windows
+// are given back as the relay writes to it, so the server is throttled on
+// that stream while another stream on the same connection runs free.
+TEST(Http2Upstream, ASlowClientThrottlesOnlyItsOwnStream) {
+  auto upstream = start_h2_mock({});
+  TestGateway gateway(h2_config(upstream->base_url(), kPriorKnowledge + kNoWarmConnections));
+  // About 30 MB: more than the stream window (4 MiB) and the socket
+  // buffers on the way together.
+  HttpConnection slow(gateway.port(), 20s);
+  slow.send("POST", "/v1/chat/completions", chat_body("chat", true), {{"x-mock-tokens", "200000"}});
+  ASSERT_EQ(slow.read_head().status, 200u);
+  std::this_thread::sleep_for(1s);
+  const auto started = std::chrono::steady_clock::now();
+  auto quick =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 1s);
+  EXPECT_EQ(sse_data(quick.body).back(), "[DONE]");
+  EXPECT_TRUE(eventually([&] { return upstream->stats().streams_completed == 1; }));
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(upstream->stats().streams_completed, 1u) << "the unread stream was sent whole";
+  EXPECT_EQ(upstream->stats().connections_accepted, 1u);
+
+  const auto rest = slow.read_rest_of_body();
+  EXPECT_GT(rest.size(), 20'000'000u);
+  EXPECT_EQ(rest.substr(rest.size() - 14), "data: [DONE]\n\n");
+  EXPECT_TRUE(eventually([&] { return upstream->stats().streams_completed == 2; }));
+}
+
+// A hedge that wins cancels the losing attempt's stream with RST_STREAM;
+// the connection stays for the next request.
+TEST(Http2Upstream, ALosingAttemptResetsItsStreamAndKeepsTheConnection) {
+  mock::Behaviour behaviour;
+  behaviour.ttft = 2000ms;
+  auto slow = start_h2_mock(behaviour);
+  auto steady = start_mock({});
+  TestGateway gateway(
+      "server:\n  listen: 127.0.0.1:0\n  threads: 1\nrouter:\n  retries: 0\n"
+      "  hedge: {after: 100ms}\nmodels:\n  - name: chat\n    strategy: priority\n"
+      "    deployments:\n" +
+      deployment_yaml("slow", slow->base_url(), kPriorKnowledge + kNoWarmConnections) +
+      deployment_yaml("steady", steady->base_url(), kNoWarmConnections));
+  const auto started = std::chrono::steady_clock::now();
+  auto response =
+      http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 1500ms);
+  EXPECT_EQ(response.status, 200u) << response.body;
+  EXPECT_EQ(response.header("x-sluice-deployment"), "steady");
+  EXPECT_TRUE(eventually([&] { return slow->stats().h2_resets_received == 1; }));
+  EXPECT_EQ(slow->stats().requests, 1u);
+  EXPECT_EQ(slow->stats().open_connections, 1u);
+}
+
 TEST(Http2Upstream, WarmConnectionsOpenOneH2ConnectionPerWorker) {
   auto upstream = start_h2_mock({});
   TestGateway gateway(
