@@ -397,10 +397,9 @@ net::awaitable<AttemptsOutcome> run_attempts(RequestContext& context, AttemptsCa
     if (WorkerState* shared = context.worker.shared_state();
         shared != nullptr && has_shared_limits(*attempt->deployment)) {
       const config::Deployment& deployment = *attempt->deployment;
-      const SharedDeploymentVerdict verdict =
-          co_await take_shared_deployment_limits(
-              *shared, deployment, context.snapshot->wiring(deployment).shared_budget,
-              shared_lease);
+      const SharedDeploymentVerdict verdict = co_await take_shared_deployment_limits(
+          *shared, deployment, context.snapshot->wiring(deployment).shared_budget, context.snapshot,
+          shared_lease);
       if (verdict == SharedDeploymentVerdict::at_limit) {
         // Full across the instances: another deployment may take it.
         plan.at_shared_limit(*attempt);

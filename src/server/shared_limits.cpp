@@ -13,20 +13,10 @@ namespace net = boost::asio;
 
 namespace {
 
-// The most a key's tokens may owe in Redis: 2^52 ns (about 52 days), where
-// the scripts' doubles are still exact. The local bucket's cap is a year,
-// which no sane budget reaches either.
-constexpr std::int64_t kMostSharedDebtNs = std::int64_t{1} << 52;
-
-std::optional<auth::SharedVerdict> verdict_of(const std::optional<state::Reply>& reply) {
-  if (!reply || reply->type != state::Reply::Type::array || reply->elements.size() != 3) {
-    return std::nullopt;
-  }
-  for (const auto& element : reply->elements) {
-    if (element.type != state::Reply::Type::integer) return std::nullopt;
-  }
+std::optional<auth::SharedVerdict> verdict_of(const std::optional<AdmitAnswer>& answer) {
+  if (!answer) return std::nullopt;
   auth::SharedVerdict verdict;
-  switch (reply->elements[0].integer) {
+  switch (answer->refused) {
     case 0:
       verdict.refused = auth::SharedVerdict::Refused::none;
       break;
@@ -42,13 +32,13 @@ std::optional<auth::SharedVerdict> verdict_of(const std::optional<state::Reply>&
     default:
       return std::nullopt;
   }
-  verdict.rpm_owed_ns = reply->elements[1].integer;
-  verdict.tpm_owed_ns = reply->elements[2].integer;
+  verdict.rpm_owed_ns = answer->rpm_owed_ns;
+  verdict.tpm_owed_ns = answer->tpm_owed_ns;
   return verdict;
 }
 
-SharedBudget shared_budget(const config::State& settings, const std::string& tag,
-                           std::uint64_t rpm, std::uint64_t tpm, unsigned max_parallel) {
+SharedBudget shared_budget(const config::State& settings, const std::string& tag, std::uint64_t rpm,
+                           std::uint64_t tpm, unsigned max_parallel) {
   const std::string prefix = state::tagged_key(settings.redis.key_prefix, tag, ":");
   const GcraRate requests(rpm);
   return {prefix + "rpm:" + std::to_string(rpm),
@@ -91,12 +81,9 @@ net::awaitable<Next> take_shared_limits(RequestContext& context, RequestJob& job
     std::string lease_id = limits.max_parallel > 0 ? shared->next_lease_id() : std::string();
     const std::string cost =
         std::to_string(limits.tpm > 0 && estimate > 0 ? live->tokens.cost_ns(estimate) : 0);
-    std::array<std::string_view, 3> key_views{budget.rpm_key, budget.tpm_key, budget.parallel_key};
-    std::array<std::string_view, 7> arg_views{budget.interval_ns, budget.window_ns,
-                                              limits.tpm > 0 ? "1" : "0", cost,
-                                              budget.max_parallel, lease_id, budget.lease_ttl_ms};
-    auto reply = co_await shared->redis().eval(state::admit_script(), key_views, arg_views);
-    verdict = verdict_of(reply);
+    const bool tpm_limited = limits.tpm > 0;
+    auto answer = co_await shared->admit(budget, context.snapshot, tpm_limited, cost, lease_id);
+    verdict = verdict_of(answer);
     if (verdict && verdict->refused == auth::SharedVerdict::Refused::none &&
         limits.max_parallel > 0) {
       job.shared_lease = std::make_unique<SharedLease>();
@@ -123,16 +110,13 @@ net::awaitable<Next> take_shared_limits(RequestContext& context, RequestJob& job
 
 net::awaitable<SharedDeploymentVerdict> take_shared_deployment_limits(
     WorkerState& shared, const config::Deployment& deployment, const SharedBudget& budget,
-    std::unique_ptr<SharedLease>& lease) {
+    const std::shared_ptr<const Snapshot>& keep_alive, std::unique_ptr<SharedLease>& lease) {
   if (!shared.redis().up()) co_return SharedDeploymentVerdict::unavailable;
   const bool leased = deployment.max_parallel > 0 && !deployment.max_parallel_auto;
   std::string lease_id = leased ? shared.next_lease_id() : std::string();
-  // No tpm here: the script's tpm key is never read, the rpm key stands in.
-  std::array<std::string_view, 3> key_views{budget.rpm_key, budget.rpm_key, budget.parallel_key};
-  std::array<std::string_view, 7> arg_views{budget.interval_ns, budget.window_ns, "0", "0",
-                                            budget.max_parallel, lease_id, budget.lease_ttl_ms};
-  auto reply = co_await shared.redis().eval(state::admit_script(), key_views, arg_views);
-  auto verdict = verdict_of(reply);
+  // No tpm here: the budget's tpm key is never read.
+  auto answer = co_await shared.admit(budget, keep_alive, false, "0", lease_id);
+  auto verdict = verdict_of(answer);
   if (!verdict) co_return SharedDeploymentVerdict::unavailable;
   if (verdict->refused != auth::SharedVerdict::Refused::none) {
     co_return SharedDeploymentVerdict::at_limit;
@@ -157,27 +141,14 @@ void settle_shared_limits(RequestContext& context, RequestJob& job,
   const auth::KeyPolicy& key = *admission.key;
   const std::uint64_t reserved = admission.reserved_tokens();
   // An estimate that was right leaves nothing to settle.
-  if (key.limits.tpm == 0 || !tokens_spent || *tokens_spent == reserved) {
-    if (lease != nullptr) shared->release(*lease);
-    return;
+  std::int64_t delta = 0;
+  if (key.limits.tpm > 0 && tokens_spent && *tokens_spent != reserved) {
+    const auth::KeyLimits* live = context.snapshot->auth->limiters().find(key.name);
+    // Difference of the two costs, as TokenBucket::settle charges it.
+    delta = live->tokens.cost_ns(*tokens_spent) - live->tokens.cost_ns(reserved);
   }
-  const auth::KeyLimits* live = context.snapshot->auth->limiters().find(key.name);
-  // Difference of the two costs, as TokenBucket::settle charges it.
-  const std::int64_t delta = live->tokens.cost_ns(*tokens_spent) - live->tokens.cost_ns(reserved);
-  const std::string& tpm_key = context.snapshot->key_budget(key).tpm_key;
-  std::array<std::string, 2> args{std::to_string(delta), std::to_string(kMostSharedDebtNs)};
-  if (lease == nullptr) {
-    std::array<std::string_view, 1> keys{tpm_key};
-    std::array<std::string_view, 2> arg_views{args[0], args[1]};
-    shared->redis().send_eval(state::settle_script(), keys, arg_views);
-    return;
-  }
-  // Settled and released in one call: Redis, one thread for every
-  // instance, runs one script instead of a script and a command.
-  std::array<std::string_view, 2> keys{tpm_key, lease->set};
-  std::array<std::string_view, 3> arg_views{args[0], args[1], lease->id};
-  shared->redis().send_eval(state::settle_and_release_script(), keys, arg_views);
-  shared->forget(*lease);
+  if (delta == 0 && lease == nullptr) return;
+  shared->settle(context.snapshot->key_budget(key), context.snapshot, delta, lease);
 }
 
 }  // namespace sluice::server

@@ -5,6 +5,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <optional>
 #include <vector>
 
 #include "sluice/state/limit_scripts.hpp"
@@ -47,6 +48,140 @@ void WorkerState::release(SharedLease& lease) {
   lease.hook.unlink();
   std::array<std::string_view, 3> remove{"ZREM", lease.set, lease.id};
   redis_.send(remove);
+}
+
+namespace {
+
+// One script call takes at most this many requests: its arguments stay far
+// below what Lua's unpack takes.
+constexpr std::size_t kMostRequestsPerCall = 128;
+
+// The most a key's tokens may owe in Redis: 2^52 ns (about 52 days), where
+// the scripts' doubles are still exact. The local bucket's cap is a year,
+// which no sane budget reaches either.
+constexpr std::string_view kMostSharedDebtNs = "4503599627370496";
+
+// Moves the first requests of `waiting` (as many as one call takes) into
+// `batch`.
+template <class Entry>
+void take_batch(std::vector<Entry>& waiting, std::vector<Entry>& batch) {
+  const auto count = static_cast<std::ptrdiff_t>(std::min(waiting.size(), kMostRequestsPerCall));
+  batch.assign(std::make_move_iterator(waiting.begin()),
+               std::make_move_iterator(waiting.begin() + count));
+  waiting.erase(waiting.begin(), waiting.begin() + count);
+}
+
+}  // namespace
+
+struct WorkerState::AdmitWaiter {
+  AdmitWaiter(const net::any_io_executor& executor, std::string_view cost,
+              std::string_view lease_id)
+      : cost(cost), lease_id(lease_id), wake(executor) {}
+  std::string cost;
+  std::string lease_id;
+  std::optional<AdmitAnswer> answer;
+  net::steady_timer wake;  // cancelled when the answer is in, or is not coming
+};
+
+net::awaitable<std::optional<AdmitAnswer>> WorkerState::admit(
+    const SharedBudget& budget, const std::shared_ptr<const Snapshot>& keep_alive, bool tpm_limited,
+    std::string_view cost, std::string_view lease_id) {
+  // Shared with the call that answers it: a request that stops waiting
+  // leaves nothing behind that the answer would write to.
+  auto waiter = std::make_shared<AdmitWaiter>(renewal_.get_executor(), cost, lease_id);
+  auto [queue, first] = admits_.try_emplace(&budget);
+  queue->second.waiting.push_back(waiter);
+  if (first) {
+    queue->second.keep_alive = keep_alive;
+    queue->second.tpm_limited = tpm_limited;
+    // This request goes at once; those that come while it is in flight
+    // wait for the next call.
+    net::co_spawn(renewal_.get_executor(), send_admits(&budget), net::detached);
+  }
+  waiter->wake.expires_at(net::steady_timer::time_point::max());
+  co_await waiter->wake.async_wait(net::as_tuple(net::use_awaitable));
+  co_return waiter->answer;
+}
+
+net::awaitable<void> WorkerState::send_admits(const SharedBudget* budget) {
+  std::vector<std::shared_ptr<AdmitWaiter>> batch;
+  std::vector<std::string_view> args;
+  for (;;) {
+    auto queue = admits_.find(budget);
+    if (queue->second.waiting.empty()) {
+      admits_.erase(queue);
+      co_return;
+    }
+    take_batch(queue->second.waiting, batch);
+    // The budget lives while the call is in flight, whatever its requests
+    // do meanwhile.
+    const std::shared_ptr<const Snapshot> keep_alive = queue->second.keep_alive;
+    const std::array<std::string_view, 3> keys{budget->rpm_key, budget->tpm_key,
+                                               budget->parallel_key};
+    args.assign({budget->interval_ns, budget->window_ns,
+                 queue->second.tpm_limited ? std::string_view("1") : std::string_view("0"),
+                 budget->max_parallel, budget->lease_ttl_ms});
+    for (const auto& waiter : batch) {
+      args.push_back(waiter->cost);
+      args.push_back(waiter->lease_id);
+    }
+    auto reply = co_await redis_.eval(state::admit_script(), keys, args);
+    const bool whole = reply && reply->type == state::Reply::Type::array &&
+                       reply->elements.size() == 3 * batch.size();
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      auto& waiter = *batch[i];
+      if (whole) {
+        const auto* triple = &reply->elements[3 * i];
+        if (triple[0].type == state::Reply::Type::integer &&
+            triple[1].type == state::Reply::Type::integer &&
+            triple[2].type == state::Reply::Type::integer) {
+          waiter.answer = AdmitAnswer{triple[0].integer, triple[1].integer, triple[2].integer};
+        }
+      }
+      waiter.wake.cancel();
+    }
+    batch.clear();
+  }
+}
+
+void WorkerState::settle(const SharedBudget& budget,
+                         const std::shared_ptr<const Snapshot>& keep_alive, std::int64_t delta_ns,
+                         SharedLease* lease) {
+  auto [queue, first] = settlements_.try_emplace(&budget);
+  Settlement settlement{std::to_string(delta_ns), {}};
+  if (lease != nullptr) {
+    settlement.lease_id = std::move(lease->id);
+    forget(*lease);
+  }
+  queue->second.waiting.push_back(std::move(settlement));
+  if (first) {
+    queue->second.keep_alive = keep_alive;
+    net::co_spawn(renewal_.get_executor(), send_settlements(&budget), net::detached);
+  }
+}
+
+net::awaitable<void> WorkerState::send_settlements(const SharedBudget* budget) {
+  std::vector<Settlement> batch;
+  std::vector<std::string_view> args;
+  for (;;) {
+    auto queue = settlements_.find(budget);
+    if (queue->second.waiting.empty()) {
+      settlements_.erase(queue);
+      co_return;
+    }
+    take_batch(queue->second.waiting, batch);
+    const std::shared_ptr<const Snapshot> keep_alive = queue->second.keep_alive;
+    const std::array<std::string_view, 2> keys{budget->tpm_key, budget->parallel_key};
+    args.assign({kMostSharedDebtNs});
+    for (const auto& settlement : batch) {
+      args.push_back(settlement.delta_ns);
+      args.push_back(settlement.lease_id);
+    }
+    // Awaited only to keep one call per budget in flight; a lost answer
+    // loses what a single lost command would.
+    co_await redis_.eval(state::settle_script(), keys, args);
+    batch.clear();
+  }
 }
 
 net::awaitable<void> WorkerState::renew_leases() {

@@ -7,7 +7,11 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "sluice/auth/key_store.hpp"
 #include "sluice/config/config.hpp"
@@ -19,6 +23,7 @@
 namespace sluice::server {
 
 class WorkerState;
+struct Snapshot;
 
 // A max_parallel permit in Redis (of a key or a deployment), renewed by its
 // worker every third of state.lease_ttl while held; one still held when it
@@ -73,6 +78,15 @@ inline constexpr std::chrono::milliseconds kCooldownTick{250};
 // all deployments costs one round trip, and a missed tick loses nothing.
 boost::asio::awaitable<void> share_cooldowns(Worker& worker);
 
+// Redis's answer to one request under a SharedBudget's limits (see
+// state::admit_script): refused 0 admitted, 1 max_parallel, 2 rpm, 3 tpm;
+// how far each TAT stood ahead of now before the request.
+struct AdmitAnswer {
+  long long refused = 0;
+  long long rpm_owed_ns = 0;
+  long long tpm_owed_ns = 0;
+};
+
 class WorkerState {
  public:
   WorkerState(boost::asio::io_context& context, const config::State& settings,
@@ -96,8 +110,42 @@ class WorkerState {
   // Stops renewing a permit the caller gives back itself.
   void forget(SharedLease& lease) { lease.hook.unlink(); }
 
+  // Asks Redis to admit one request under `budget` (of the snapshot
+  // `keep_alive`): its estimate's cost in ns ("0" for none) and, with
+  // max_parallel, its lease id. A lone request is sent at once; requests of
+  // the same budget that come while a call for it is in flight go together
+  // in the next call, one script for all, so that under load Redis runs a
+  // script per batch rather than per request. Nothing when Redis does not
+  // answer.
+  boost::asio::awaitable<std::optional<AdmitAnswer>> admit(
+      const SharedBudget& budget, const std::shared_ptr<const Snapshot>& keep_alive,
+      bool tpm_limited, std::string_view cost, std::string_view lease_id);
+
+  // Gives back what a request of client key `budget` reserved and did not
+  // spend: `delta_ns` moves its tpm TAT (negative refunds, 0 leaves it),
+  // and its max_parallel `lease` (or null) is released. Batched as admit's
+  // calls are; nothing waits for the answer.
+  void settle(const SharedBudget& budget, const std::shared_ptr<const Snapshot>& keep_alive,
+              std::int64_t delta_ns, SharedLease* lease);
+
  private:
+  struct AdmitWaiter;
+  struct AdmitQueue {
+    std::shared_ptr<const Snapshot> keep_alive;
+    bool tpm_limited = false;
+    std::vector<std::shared_ptr<AdmitWaiter>> waiting;
+  };
+  struct Settlement {
+    std::string delta_ns;
+    std::string lease_id;  // "" for none
+  };
+  struct SettleQueue {
+    std::shared_ptr<const Snapshot> keep_alive;
+    std::vector<Settlement> waiting;
+  };
   boost::asio::awaitable<void> renew_leases();
+  boost::asio::awaitable<void> send_admits(const SharedBudget* budget);
+  boost::asio::awaitable<void> send_settlements(const SharedBudget* budget);
 
   const config::State settings_;
   state::RedisClient redis_;
@@ -105,6 +153,9 @@ class WorkerState {
   std::uint64_t instance_;
   std::uint64_t next_lease_ = 0;
   bool stopped_ = false;
+  // A budget has a queue while a call for it is in flight.
+  std::unordered_map<const SharedBudget*, AdmitQueue> admits_;
+  std::unordered_map<const SharedBudget*, SettleQueue> settlements_;
   boost::intrusive::list<
       SharedLease,
       boost::intrusive::member_hook<SharedLease, decltype(SharedLease::hook), &SharedLease::hook>,
@@ -121,11 +172,12 @@ inline bool has_shared_limits(const config::Deployment& deployment) {
 enum class SharedDeploymentVerdict { admitted, at_limit, unavailable };
 
 // Takes an rpm unit and, with max_parallel, a lease (into `lease`, renewed
-// until it is destroyed) of `deployment` (whose `budget` it is) in Redis, by the key limits' script:
+// until it is destroyed) of `deployment` (whose `budget` it is, owned by
+// `keep_alive`) in Redis, by the key limits' script:
 // the same GCRA, keys hash-tagged per deployment. `unavailable` when Redis
 // does not answer: the caller falls back on state.on_unavailable.
 boost::asio::awaitable<SharedDeploymentVerdict> take_shared_deployment_limits(
     WorkerState& shared, const config::Deployment& deployment, const SharedBudget& budget,
-    std::unique_ptr<SharedLease>& lease);
+    const std::shared_ptr<const Snapshot>& keep_alive, std::unique_ptr<SharedLease>& lease);
 
 }  // namespace sluice::server

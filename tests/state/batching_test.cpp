@@ -1,0 +1,202 @@
+// A worker's calls to Redis for one budget: requests that come while a call
+// is in flight go together in the next one, one script for all, and each
+// gets the answer a call of its own at that instant would have given.
+#include <gtest/gtest.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <functional>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "sluice/common/gcra.hpp"
+#include "sluice/server/shared_state.hpp"
+#include "support/redis_server.hpp"
+
+namespace sluice::testing {
+namespace {
+
+namespace net = boost::asio;
+using namespace std::chrono_literals;
+
+// How many scripts Redis has run by digest since its statistics were reset.
+long long scripts_run(const RedisServer& redis) {
+  const std::string stats = redis.command({"INFO", "commandstats"});
+  std::smatch calls;
+  if (!std::regex_search(stats, calls, std::regex(R"(cmdstat_evalsha:calls=([0-9]+))"))) return 0;
+  return std::stoll(calls[1]);
+}
+
+server::SharedBudget budget_of(const std::string& tag, std::uint64_t rpm, unsigned max_parallel) {
+  const GcraRate rate(rpm);
+  const std::string prefix = "batching:{" + tag + "}:";
+  return {prefix + "rpm",
+          prefix + "tpm",
+          prefix + "par",
+          std::to_string(rate.interval_ns),
+          std::to_string(rate.window_ns),
+          std::to_string(max_parallel),
+          "30000"};
+}
+
+// Runs `body` on a fresh worker's loop once its connection is up; bounded.
+void with_worker(const RedisServer& redis,
+                 std::function<net::awaitable<void>(server::WorkerState&, net::io_context&)> body) {
+  config::State settings;
+  settings.backend = config::State::Backend::redis;
+  std::string why;
+  ASSERT_TRUE(config::parse_redis_url(redis.url(), settings.redis, why)) << why;
+  settings.redis.timeout = 1s;
+  net::io_context context;
+  state::BackendStatus status(1, settings.redis.url);
+  server::WorkerState worker(context, settings, status, 11);
+  worker.start();
+  bool finished = false;
+  net::co_spawn(
+      context,
+      [&]() -> net::awaitable<void> {
+        net::steady_timer wait(context);
+        for (int i = 0; i < 200 && !worker.redis().up(); ++i) {
+          wait.expires_after(10ms);
+          co_await wait.async_wait(net::use_awaitable);
+        }
+        EXPECT_TRUE(worker.redis().up());
+        co_await body(worker, context);
+        finished = true;
+        worker.stop();
+      },
+      net::detached);
+  context.run_for(20s);
+  EXPECT_TRUE(finished);
+}
+
+// Waits on the loop until `condition` holds, at most about two seconds.
+net::awaitable<bool> until(net::io_context& context, const std::function<bool()>& condition) {
+  net::steady_timer wait(context);
+  for (int i = 0; i < 200 && !condition(); ++i) {
+    wait.expires_after(10ms);
+    co_await wait.async_wait(net::use_awaitable);
+  }
+  co_return condition();
+}
+
+TEST(SharedBatches, AdmitsThatComeDuringACallGoTogetherWithTheAnswersOfSeparateCalls) {
+  if (!redis_server_binary()) GTEST_SKIP() << "redis-server is not installed";
+  RedisServer redis;
+  const auto warm = budget_of("warm", 3, 0);
+  const auto together = budget_of("together", 3, 4);
+  const auto apart = budget_of("apart", 3, 4);
+  const std::shared_ptr<const server::Snapshot> no_snapshot;
+  with_worker(
+      redis, [&](server::WorkerState& worker, net::io_context& context) -> net::awaitable<void> {
+        // The script is loaded, and counted from here.
+        co_await worker.admit(warm, no_snapshot, false, "0", "");
+        redis.command({"CONFIG", "RESETSTAT"});
+
+        // Eight requests of one budget at once: rpm 3 lets three in (within
+        // max_parallel 4), the rest are refused by rpm.
+        std::vector<std::optional<server::AdmitAnswer>> batched(8);
+        int answered = 0;
+        for (std::size_t i = 0; i < batched.size(); ++i) {
+          net::co_spawn(
+              context,
+              [&, i]() -> net::awaitable<void> {
+                const std::string lease = "together-" + std::to_string(i);
+                batched[i] = co_await worker.admit(together, no_snapshot, false, "0", lease);
+                ++answered;
+              },
+              net::detached);
+        }
+        EXPECT_TRUE(co_await until(context, [&] { return answered == 8; }));
+        // The first may go alone; the others come while its call is in flight
+        // and go together in the next.
+        const long long batched_calls = scripts_run(redis);
+        EXPECT_EQ(batched_calls, 2);
+
+        std::vector<std::optional<server::AdmitAnswer>> separate;
+        for (int i = 0; i < 8; ++i) {
+          const std::string lease = "apart-" + std::to_string(i);
+          separate.push_back(co_await worker.admit(apart, no_snapshot, false, "0", lease));
+        }
+        EXPECT_EQ(scripts_run(redis) - batched_calls, 8);
+
+        const long long interval = std::stoll(together.interval_ns);
+        for (std::size_t i = 0; i < 8; ++i) {
+          if (!batched[i] || !separate[i]) {
+            ADD_FAILURE() << "no answer for request " << i;
+            continue;
+          }
+          EXPECT_EQ(batched[i]->refused, i < 3 ? 0 : 2) << i;
+          EXPECT_EQ(batched[i]->refused, separate[i]->refused) << i;
+          // Each request owes the intervals of those admitted before it, less
+          // the moments between the calls.
+          const long long admitted_before = std::min<long long>(static_cast<long long>(i), 3);
+          EXPECT_LE(batched[i]->rpm_owed_ns, admitted_before * interval) << i;
+          EXPECT_GT(batched[i]->rpm_owed_ns, admitted_before * interval - 1'000'000'000) << i;
+        }
+        EXPECT_EQ(redis.command({"ZCARD", together.parallel_key}), ":3\r\n");
+      });
+}
+
+TEST(SharedBatches, SettlementsThatComeDuringACallGoTogetherMovingTheTatInTurn) {
+  if (!redis_server_binary()) GTEST_SKIP() << "redis-server is not installed";
+  RedisServer redis;
+  const auto budget = budget_of("settled", 60, 10);
+  const auto warm = budget_of("warm", 60, 10);
+  const std::shared_ptr<const server::Snapshot> no_snapshot;
+  with_worker(
+      redis, [&](server::WorkerState& worker, net::io_context& context) -> net::awaitable<void> {
+        std::vector<std::unique_ptr<server::SharedLease>> leases;
+        for (int i = 0; i < 4; ++i) {
+          auto lease = std::make_unique<server::SharedLease>();
+          lease->set = budget.parallel_key;
+          lease->id = "settled-" + std::to_string(i);
+          auto answer = co_await worker.admit(budget, no_snapshot, false, "0", lease->id);
+          EXPECT_TRUE(answer && answer->refused == 0);
+          worker.hold(*lease);
+          leases.push_back(std::move(lease));
+        }
+        EXPECT_EQ(redis.command({"ZCARD", budget.parallel_key}), ":4\r\n");
+        // The script is loaded, and counted from here.
+        worker.settle(warm, no_snapshot, 0, nullptr);
+        worker.settle(warm, no_snapshot, 1, nullptr);
+        EXPECT_TRUE(co_await until(context, [&] {
+          return redis.command({"GET", warm.tpm_key}) != "$-1\r\n";
+        }));
+        redis.command({"CONFIG", "RESETSTAT"});
+        // The first goes at once; the other three while it is in flight, in
+        // one call and in turn: from 1 s owed, a refund of 5 s stops at
+        // nothing owed, then 10 s and 3 s are added: 13 s. Summed first,
+        // they would make 9 s.
+        worker.settle(budget, no_snapshot, 1'000'000'000, leases[0].get());
+        worker.settle(budget, no_snapshot, -5'000'000'000, leases[1].get());
+        worker.settle(budget, no_snapshot, 10'000'000'000, leases[2].get());
+        worker.settle(budget, no_snapshot, 3'000'000'000, leases[3].get());
+        for (const auto& lease : leases) EXPECT_FALSE(lease->held());
+        EXPECT_TRUE(co_await until(context, [&] {
+          return redis.command({"ZCARD", budget.parallel_key}) == ":0\r\n";
+        }));
+        EXPECT_EQ(scripts_run(redis), 2) << redis.command({"INFO", "commandstats"});
+        // The TAT is stored as seconds and nine digits of nanoseconds.
+        const std::string stored = redis.command({"GET", budget.tpm_key});
+        const std::string now = redis.command({"TIME"});
+        std::smatch tat;
+        std::smatch clock;
+        EXPECT_TRUE(std::regex_search(stored, tat, std::regex(R"(\r\n([0-9]+)([0-9]{9})\r\n)")))
+            << stored;
+        EXPECT_TRUE(std::regex_search(now, clock, std::regex(R"(\r\n([0-9]+)\r\n)"))) << now;
+        if (!tat.empty() && !clock.empty()) {
+          const long long ahead_s = std::stoll(tat[1]) - std::stoll(clock[1]);
+          EXPECT_GE(ahead_s, 12);
+          EXPECT_LE(ahead_s, 13);
+        }
+      });
+}
+
+}  // namespace
+}  // namespace sluice::testing
