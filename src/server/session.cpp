@@ -350,7 +350,9 @@ net::awaitable<void> serve_connection(Worker& worker, net::ip::tcp::socket clien
       }
     }
     auto context = connection.hand_over(snapshot, request);
-    const bool keep_alive = co_await Pipeline::handle(context);
+    Pipeline::Request pipeline(context);
+    const bool keep_alive = co_await pipeline.answer();
+    pipeline.account(keep_alive);
     if (!keep_alive) {
       connection.note_last_answer(request);
       break;

@@ -6,7 +6,7 @@
 #include "sluice/server/request_context.hpp"
 #include "sluice/server/request_job.hpp"
 
-// The phases of a request, in the order Pipeline::handle runs them, each
+// The phases of a request, in the order Pipeline::Request runs them, each
 // defined in the file of its name. The first three are plain code and write
 // nothing to the client: what they turn away or answer themselves, respond
 // writes.
