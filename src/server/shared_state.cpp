@@ -155,33 +155,39 @@ void WorkerState::settle(const SharedBudget& budget,
   }
   queue->second.waiting.push_back(std::move(settlement));
   if (first) {
+    queue->second.owner = this;
+    queue->second.budget = &budget;
     queue->second.keep_alive = keep_alive;
-    net::co_spawn(renewal_.get_executor(), send_settlements(&budget), net::detached);
+    send_settlements(queue->second);
   }
 }
 
-net::awaitable<void> WorkerState::send_settlements(const SharedBudget* budget) {
-  std::vector<Settlement> batch;
+// One call per budget in flight, and no coroutine or timer for it: the
+// client calls back when its reply is in or the connection is lost. A
+// queue's address stays put in the map while the call is out.
+void WorkerState::send_settlements(SettleQueue& queue) {
   std::vector<std::string_view> args;
-  for (;;) {
-    auto queue = settlements_.find(budget);
-    if (queue->second.waiting.empty()) {
-      settlements_.erase(queue);
-      co_return;
-    }
-    take_batch(queue->second.waiting, batch);
-    const std::shared_ptr<const Snapshot> keep_alive = queue->second.keep_alive;
-    const std::array<std::string_view, 2> keys{budget->tpm_key, budget->parallel_key};
+  while (!queue.waiting.empty()) {
+    take_batch(queue.waiting, queue.in_flight);
+    const SharedBudget& budget = *queue.budget;
+    const std::array<std::string_view, 2> keys{budget.tpm_key, budget.parallel_key};
     args.assign({kMostSharedDebtNs});
-    for (const auto& settlement : batch) {
+    for (const auto& settlement : queue.in_flight) {
       args.push_back(settlement.delta_ns);
       args.push_back(settlement.lease_id);
     }
-    // Awaited only to keep one call per budget in flight; a lost answer
-    // loses what a single lost command would.
-    co_await redis_.eval(state::settle_script(), keys, args);
-    batch.clear();
+    if (redis_.send_eval(state::settle_script(), keys, args,
+                         state::Completion{&settlements_sent, &queue}))
+      return;
+    // Redis is away: what could not be sent is lost, as a lost reply is.
   }
+  settlements_.erase(queue.budget);
+}
+
+void WorkerState::settlements_sent(void* queue) {
+  auto& sent = *static_cast<SettleQueue*>(queue);
+  sent.in_flight.clear();
+  sent.owner->send_settlements(sent);
 }
 
 net::awaitable<void> WorkerState::renew_leases() {

@@ -9,8 +9,6 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
-#include <cstring>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/connect.hpp>
@@ -19,6 +17,8 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
+#include <charconv>
+#include <cstring>
 
 namespace sluice::state {
 
@@ -224,10 +224,7 @@ void RedisClient::drop_connection() {
 void RedisClient::fail_pending() {
   auto pending = std::move(pending_);
   pending_.clear();
-  for (auto& each : pending) {
-    each->done = true;
-    if (each->waiter != nullptr) each->waiter->cancel();
-  }
+  for (auto& each : pending) each->finish();
 }
 
 net::awaitable<void> RedisClient::run() {
@@ -406,13 +403,15 @@ net::awaitable<void> RedisClient::read_loop() {
       auto pending = std::move(pending_.front());
       pending_.pop_front();
       pending->reply = std::move(reply);
-      pending->done = true;
-      if (pending->waiter != nullptr) pending->waiter->cancel();
+      pending->finish();
     }
     if (broken) break;
   }
   drop_connection();
   open_ = false;
+  // Before the pending ones hear: what they send next must not go on this
+  // connection's queue.
+  ready_ = false;
   out_.clear();
   fail_pending();
   reader_done_.cancel();
@@ -489,9 +488,9 @@ void RedisClient::send(std::span<const std::string_view> args) {
   enqueue(args, std::make_shared<Pending>());
 }
 
-void RedisClient::send_eval(const Script& script, std::span<const std::string_view> keys,
-                            std::span<const std::string_view> args) {
-  if (!ready_) return;
+bool RedisClient::send_eval(const Script& script, std::span<const std::string_view> keys,
+                            std::span<const std::string_view> args, Completion done) {
+  if (!ready_) return false;
   // Nobody waits to resend it on NOSCRIPT: in full the first time on this
   // connection, by its digest after that.
   std::string key_count;
@@ -499,7 +498,10 @@ void RedisClient::send_eval(const Script& script, std::span<const std::string_vi
   auto arguments = loaded ? eval_arguments("EVALSHA", script.sha1, keys, args, key_count)
                           : eval_arguments("EVAL", script.source, keys, args, key_count);
   if (!loaded) loaded_.push_back(&script);
-  send(arguments);
+  auto pending = std::make_shared<Pending>();
+  pending->completion = done;
+  enqueue(arguments, std::move(pending));
+  return true;
 }
 
 std::optional<std::string> RedisClient::probe(const config::RedisState& settings) {

@@ -140,12 +140,17 @@ class WorkerState {
     std::string lease_id;  // "" for none
   };
   struct SettleQueue {
+    WorkerState* owner = nullptr;
+    const SharedBudget* budget = nullptr;
     std::shared_ptr<const Snapshot> keep_alive;
     std::vector<Settlement> waiting;
+    std::vector<Settlement> in_flight;
   };
   boost::asio::awaitable<void> renew_leases();
   boost::asio::awaitable<void> send_admits(const SharedBudget* budget);
-  boost::asio::awaitable<void> send_settlements(const SharedBudget* budget);
+  // Sends the queue's next batch, or forgets the queue when none is left.
+  void send_settlements(SettleQueue& queue);
+  static void settlements_sent(void* queue);
 
   const config::State settings_;
   state::RedisClient redis_;

@@ -70,6 +70,13 @@ class BackendStatus {
   std::string last_error_;
 };
 
+// What RedisClient::send_eval calls once the reply is in, or will not come
+// (the connection is lost), on the client's loop.
+struct Completion {
+  void (*call)(void* context) = nullptr;
+  void* context = nullptr;
+};
+
 class RedisClient {
  public:
   RedisClient(boost::asio::io_context& context, const config::RedisState& settings,
@@ -91,10 +98,11 @@ class RedisClient {
   boost::asio::awaitable<std::optional<Reply>> eval(const Script& script,
                                                     std::span<const std::string_view> keys,
                                                     std::span<const std::string_view> args);
-  // Sent without waiting for the reply: releases and settlements.
+  // Sent without waiting for the reply: releases and settlements. False
+  // when Redis is down: nothing was sent, and `done` is not called.
   void send(std::span<const std::string_view> args);
-  void send_eval(const Script& script, std::span<const std::string_view> keys,
-                 std::span<const std::string_view> args);
+  bool send_eval(const Script& script, std::span<const std::string_view> keys,
+                 std::span<const std::string_view> args, Completion done = {});
 
   // One connection and its handshake (AUTH, SELECT, PING), on a context of
   // its own, bounded by a second at least: what the gateway logs at start.
@@ -106,6 +114,13 @@ class RedisClient {
     std::optional<Reply> reply;
     bool done = false;
     boost::asio::steady_timer* waiter = nullptr;  // null when nobody waits
+    Completion completion;
+
+    void finish() {
+      done = true;
+      if (waiter != nullptr) waiter->cancel();
+      if (completion.call != nullptr) completion.call(completion.context);
+    }
   };
   using Socket = boost::asio::generic::stream_protocol::socket;
   using TlsStream = boost::asio::ssl::stream<Socket>;
