@@ -59,6 +59,21 @@ std::string h2_config(const std::string& base_url, const std::string& extra,
 
 const std::string kPriorKnowledge = "        http2: prior_knowledge\n";
 
+// One worker, two deployments in priority order: `id`, spoken to in h2c,
+// then "steady", an HTTP/1.1 one that takes over on a failover or a hedge.
+// `router` holds the router section's lines.
+std::string h2_then_steady(const std::string& id, const std::string& h2_url,
+                           const std::string& steady_url, const std::string& router,
+                           const std::string& extra = "") {
+  return "server:\n  listen: 127.0.0.1:0\n  threads: 1\nrouter:\n" + router +
+         "models:\n  - name: chat\n    strategy: priority\n    deployments:\n" +
+         deployment_yaml(id, h2_url, kPriorKnowledge + kNoWarmConnections + extra) +
+         deployment_yaml("steady", steady_url, kNoWarmConnections);
+}
+
+const std::string kHedgeAfter100ms = "  retries: 0\n  hedge: {after: 100ms}\n";
+const std::string kOneRetry = "  retries: 1\n";
+
 TEST(Http2Upstream, ConcurrentStreamsShareOneConnection) {
   mock::Behaviour behaviour;
   behaviour.ttft = 200ms;  // long enough for all ten to be in flight together
@@ -300,13 +315,8 @@ TEST(Http2Upstream, AWinningHedgeIsNotHeldByAConnectionAwaitingSettings) {
   const auto silent_url =
       "http://127.0.0.1:" + std::to_string(silent.local_endpoint().port()) + "/v1";
   auto steady = start_mock({});
-  TestGateway gateway(
-      "server:\n  listen: 127.0.0.1:0\n  threads: 1\nrouter:\n  retries: 0\n"
-      "  hedge: {after: 100ms}\nmodels:\n  - name: chat\n    strategy: priority\n"
-      "    deployments:\n" +
-      deployment_yaml("silent", silent_url,
-                      kPriorKnowledge + kNoWarmConnections + "        timeouts: {connect: 4s}\n") +
-      deployment_yaml("steady", steady->base_url(), kNoWarmConnections));
+  TestGateway gateway(h2_then_steady("silent", silent_url, steady->base_url(), kHedgeAfter100ms,
+                                     "        timeouts: {connect: 4s}\n"));
   const auto started = std::chrono::steady_clock::now();
   auto response =
       http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", false));
@@ -352,10 +362,7 @@ TEST(Http2Upstream, AResetBeforeTheHeadFailsOverAndOneAfterItEndsWithAnErrorEven
     behaviour.fail = "reset";
     auto resetting = start_h2_mock(behaviour);
     TestGateway gateway(
-        "server:\n  listen: 127.0.0.1:0\n  threads: 1\nrouter:\n  retries: 1\nmodels:\n"
-        "  - name: chat\n    strategy: priority\n    deployments:\n" +
-        deployment_yaml("resetting", resetting->base_url(), kPriorKnowledge + kNoWarmConnections) +
-        deployment_yaml("steady", steady->base_url(), kNoWarmConnections));
+        h2_then_steady("resetting", resetting->base_url(), steady->base_url(), kOneRetry));
     auto response =
         http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
     EXPECT_EQ(response.status, 200u) << response.body;
@@ -369,10 +376,7 @@ TEST(Http2Upstream, AResetBeforeTheHeadFailsOverAndOneAfterItEndsWithAnErrorEven
   behaviour.interval = 20ms;
   auto cutting = start_h2_mock(behaviour);
   TestGateway gateway(
-      "server:\n  listen: 127.0.0.1:0\n  threads: 1\nrouter:\n  retries: 1\nmodels:\n"
-      "  - name: chat\n    strategy: priority\n    deployments:\n" +
-      deployment_yaml("cutting", cutting->base_url(), kPriorKnowledge + kNoWarmConnections) +
-      deployment_yaml("steady", steady->base_url(), kNoWarmConnections));
+      h2_then_steady("cutting", cutting->base_url(), steady->base_url(), kOneRetry));
   auto response =
       http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
   ASSERT_EQ(response.status, 200u) << response.body;
@@ -425,11 +429,7 @@ TEST(Http2Upstream, ALostConnectionFailsOverOnlyTheStreamsBeforeTheirFirstByte) 
   behaviour.interval = 50ms;
   auto lost = start_h2_mock(behaviour);
   auto steady = start_mock({});
-  TestGateway gateway(
-      "server:\n  listen: 127.0.0.1:0\n  threads: 1\nrouter:\n  retries: 1\nmodels:\n"
-      "  - name: chat\n    strategy: priority\n    deployments:\n" +
-      deployment_yaml("lost", lost->base_url(), kPriorKnowledge + kNoWarmConnections) +
-      deployment_yaml("steady", steady->base_url(), kNoWarmConnections));
+  TestGateway gateway(h2_then_steady("lost", lost->base_url(), steady->base_url(), kOneRetry));
   HttpConnection streaming(gateway.port(), 5s);
   streaming.send("POST", "/v1/chat/completions", chat_body("chat", true),
                  {{"x-mock-ttft-ms", "0"}});
@@ -488,11 +488,7 @@ TEST(Http2Upstream, ALosingAttemptResetsItsStreamAndKeepsTheConnection) {
   auto slow = start_h2_mock(behaviour);
   auto steady = start_mock({});
   TestGateway gateway(
-      "server:\n  listen: 127.0.0.1:0\n  threads: 1\nrouter:\n  retries: 0\n"
-      "  hedge: {after: 100ms}\nmodels:\n  - name: chat\n    strategy: priority\n"
-      "    deployments:\n" +
-      deployment_yaml("slow", slow->base_url(), kPriorKnowledge + kNoWarmConnections) +
-      deployment_yaml("steady", steady->base_url(), kNoWarmConnections));
+      h2_then_steady("slow", slow->base_url(), steady->base_url(), kHedgeAfter100ms));
   const auto started = std::chrono::steady_clock::now();
   auto response =
       http_request(gateway.port(), "POST", "/v1/chat/completions", chat_body("chat", true));
