@@ -105,14 +105,29 @@ net::awaitable<std::optional<AdmitAnswer>> WorkerState::admit(
 
 net::awaitable<void> WorkerState::send_admits(const SharedBudget* budget) {
   std::vector<std::shared_ptr<AdmitWaiter>> batch;
+  std::vector<Settlement> riding;
+  std::string riding_count;
   std::vector<std::string_view> args;
   for (;;) {
     auto queue = admits_.find(budget);
     if (queue->second.waiting.empty()) {
       admits_.erase(queue);
+      // Settlements that waited for this call's end go on their own.
+      if (auto parked = settlements_.find(budget);
+          parked != settlements_.end() && parked->second.in_flight.empty()) {
+        send_settlements(parked->second);
+      }
       co_return;
     }
     take_batch(queue->second.waiting, batch);
+    // The budget's settlements ride along, unless a call of their own is
+    // out: one script for both, ahead of the admissions, as they came.
+    if (auto parked = settlements_.find(budget);
+        parked != settlements_.end() && parked->second.in_flight.empty()) {
+      take_batch(parked->second.waiting, riding);
+      if (parked->second.waiting.empty()) settlements_.erase(parked);
+    }
+    riding_count = std::to_string(riding.size());
     // The budget lives while the call is in flight, whatever its requests
     // do meanwhile.
     const std::shared_ptr<const Snapshot> keep_alive = queue->second.keep_alive;
@@ -120,12 +135,17 @@ net::awaitable<void> WorkerState::send_admits(const SharedBudget* budget) {
                                                budget->parallel_key};
     args.assign({budget->interval_ns, budget->window_ns,
                  queue->second.tpm_limited ? std::string_view("1") : std::string_view("0"),
-                 budget->max_parallel, budget->lease_ttl_ms});
+                 budget->max_parallel, budget->lease_ttl_ms, kMostSharedDebtNs, riding_count});
+    for (const auto& settlement : riding) {
+      args.push_back(settlement.delta_ns);
+      args.push_back(settlement.lease_id);
+    }
     for (const auto& waiter : batch) {
       args.push_back(waiter->cost);
       args.push_back(waiter->lease_id);
     }
-    auto reply = co_await redis_.eval(state::admit_script(), keys, args);
+    auto reply = co_await redis_.eval(state::budget_script(), keys, args);
+    riding.clear();
     const bool whole = reply && reply->type == state::Reply::Type::array &&
                        reply->elements.size() == 3 * batch.size();
     for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -164,22 +184,29 @@ void WorkerState::settle(const SharedBudget& budget,
 
 // One call per budget in flight, and no coroutine or timer for it: the
 // client calls back when its reply is in or the connection is lost. A
-// queue's address stays put in the map while the call is out.
+// queue's address stays put in the map while the call is out. While an
+// admission call of the budget is out, the settlements wait for it and go
+// with the next one, or on their own once it ends (send_admits).
 void WorkerState::send_settlements(SettleQueue& queue) {
   std::vector<std::string_view> args;
+  std::string count;
   while (!queue.waiting.empty()) {
+    if (admits_.contains(queue.budget)) return;
     take_batch(queue.waiting, queue.in_flight);
     const SharedBudget& budget = *queue.budget;
-    const std::array<std::string_view, 2> keys{budget.tpm_key, budget.parallel_key};
-    args.assign({kMostSharedDebtNs});
+    const std::array<std::string_view, 3> keys{budget.rpm_key, budget.tpm_key, budget.parallel_key};
+    count = std::to_string(queue.in_flight.size());
+    args.assign({budget.interval_ns, budget.window_ns, "0", budget.max_parallel,
+                 budget.lease_ttl_ms, kMostSharedDebtNs, count});
     for (const auto& settlement : queue.in_flight) {
       args.push_back(settlement.delta_ns);
       args.push_back(settlement.lease_id);
     }
-    if (redis_.send_eval(state::settle_script(), keys, args,
+    if (redis_.send_eval(state::budget_script(), keys, args,
                          state::Completion{&settlements_sent, &queue}))
       return;
     // Redis is away: what could not be sent is lost, as a lost reply is.
+    queue.in_flight.clear();
   }
   settlements_.erase(queue.budget);
 }

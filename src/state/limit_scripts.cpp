@@ -35,94 +35,89 @@ std::string with_clock(std::string_view body, std::string_view tail = {}) {
 
 }  // namespace
 
-const Script& admit_script() {
-  // The requests are judged in their order, each against the TATs and the
-  // lease count the ones before it left: the answers of one call for N
-  // requests are those of N calls at the same instant. The keys are read
-  // and written once per call.
+const Script& budget_script() {
+  // Settlements move the tpm TAT in turn, each from where the one before
+  // left it; then the requests are judged in their order, each against the
+  // TATs and the lease count the ones before it left: the answers of one
+  // call for N requests are those of N calls at the same instant. The keys
+  // are read and written once per call.
   static const Script script(with_clock(R"lua(
 local interval = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
 local tpm_on = ARGV[3] == '1'
 local max_parallel = tonumber(ARGV[4])
 local ttl = tonumber(ARGV[5])
-local rpm_owed = 0
-if interval > 0 then rpm_owed = owed(KEYS[1]) end
-local tpm_owed = 0
-if tpm_on then tpm_owed = owed(KEYS[2]) end
-local held = 0
-if max_parallel > 0 then held = redis.call('ZCARD', KEYS[3]) end
-local cleared = false
-local rpm_moved, tpm_moved = false, false
-local leases = {}
-local out = {}
-for i = 6, #ARGV, 2 do
-  local cost = tonumber(ARGV[i])
-  local refused = 0
-  if max_parallel > 0 and held >= max_parallel and not cleared then
-    -- Expired leases (of an instance that died) matter only when they
-    -- would refuse: they are cleared then, not on every request.
-    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
-    held = redis.call('ZCARD', KEYS[3]) + #leases / 2
-    cleared = true
-  end
-  if max_parallel > 0 and held >= max_parallel then
-    refused = 1
-  elseif interval > 0 and rpm_owed + interval > window then
-    refused = 2
-  elseif tpm_on and cost > 0 and tpm_owed >= 60000000000 then
-    refused = 3
-  end
-  out[#out + 1] = refused
-  out[#out + 1] = rpm_owed
-  out[#out + 1] = tpm_owed
-  if refused == 0 then
-    if interval > 0 then
-      rpm_owed = rpm_owed + interval
-      rpm_moved = true
-    end
-    if tpm_on and cost > 0 then
-      tpm_owed = tpm_owed + cost
-      tpm_moved = true
-    end
-    if max_parallel > 0 then
-      leases[#leases + 1] = now_ms + ttl
-      leases[#leases + 1] = ARGV[i + 1]
-      held = held + 1
-    end
-  end
-end
-if rpm_moved then store(KEYS[1], rpm_owed) end
-if tpm_moved then store(KEYS[2], tpm_owed) end
-if #leases > 0 then
-  redis.call('ZADD', KEYS[3], unpack(leases))
-  redis.call('PEXPIRE', KEYS[3], ttl)
-end
-return out
-)lua"));
-  return script;
-}
-
-const Script& settle_script() {
-  // Each settlement moves the TAT from where the one before left it, as
-  // separate calls at the same instant would.
-  static const Script script(with_clock(R"lua(
-local most = tonumber(ARGV[1])
-local next = nil
-local leases = {}
-for i = 2, #ARGV, 2 do
+local most = tonumber(ARGV[6])
+local first_request = 8 + 2 * tonumber(ARGV[7])
+local tpm_owed = nil
+local tpm_moved = false
+local given_back = {}
+for i = 8, first_request - 1, 2 do
   local delta = tonumber(ARGV[i])
   if delta ~= 0 then
-    if next == nil then next = owed(KEYS[1]) end
-    next = next + delta
-    if next < 0 then next = 0 end
-    if next > most then next = most end
+    if tpm_owed == nil then tpm_owed = owed(KEYS[2]) end
+    tpm_owed = tpm_owed + delta
+    if tpm_owed < 0 then tpm_owed = 0 end
+    if tpm_owed > most then tpm_owed = most end
+    tpm_moved = true
   end
-  if ARGV[i + 1] ~= '' then leases[#leases + 1] = ARGV[i + 1] end
+  if ARGV[i + 1] ~= '' then given_back[#given_back + 1] = ARGV[i + 1] end
 end
-if next ~= nil then store(KEYS[1], next) end
-if #leases > 0 then redis.call('ZREM', KEYS[2], unpack(leases)) end
-return 0
+if #given_back > 0 then redis.call('ZREM', KEYS[3], unpack(given_back)) end
+local out = {}
+if first_request <= #ARGV then
+  local rpm_owed = 0
+  if interval > 0 then rpm_owed = owed(KEYS[1]) end
+  if tpm_owed == nil and tpm_on then tpm_owed = owed(KEYS[2]) end
+  local held = 0
+  if max_parallel > 0 then held = redis.call('ZCARD', KEYS[3]) end
+  local cleared = false
+  local rpm_moved = false
+  local leases = {}
+  for i = first_request, #ARGV, 2 do
+    local cost = tonumber(ARGV[i])
+    local refused = 0
+    if max_parallel > 0 and held >= max_parallel and not cleared then
+      -- Expired leases (of an instance that died) matter only when they
+      -- would refuse: they are cleared then, not on every request.
+      redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
+      held = redis.call('ZCARD', KEYS[3]) + #leases / 2
+      cleared = true
+    end
+    if max_parallel > 0 and held >= max_parallel then
+      refused = 1
+    elseif interval > 0 and rpm_owed + interval > window then
+      refused = 2
+    elseif tpm_on and cost > 0 and tpm_owed >= 60000000000 then
+      refused = 3
+    end
+    out[#out + 1] = refused
+    out[#out + 1] = rpm_owed
+    out[#out + 1] = tpm_on and tpm_owed or 0
+    if refused == 0 then
+      if interval > 0 then
+        rpm_owed = rpm_owed + interval
+        rpm_moved = true
+      end
+      if tpm_on and cost > 0 then
+        tpm_owed = tpm_owed + cost
+        tpm_moved = true
+      end
+      if max_parallel > 0 then
+        leases[#leases + 1] = now_ms + ttl
+        leases[#leases + 1] = ARGV[i + 1]
+        held = held + 1
+      end
+    end
+  end
+  if rpm_moved then store(KEYS[1], rpm_owed) end
+  if #leases > 0 then
+    redis.call('ZADD', KEYS[3], unpack(leases))
+    redis.call('PEXPIRE', KEYS[3], ttl)
+  end
+end
+if tpm_moved then store(KEYS[2], tpm_owed) end
+return out
 )lua"));
   return script;
 }

@@ -24,12 +24,17 @@ namespace {
 namespace net = boost::asio;
 using namespace std::chrono_literals;
 
-// How many scripts Redis has run by digest since its statistics were reset.
+// How many scripts Redis has run (by digest, or sent in full the first time
+// a connection sends one without waiting) since its statistics were reset.
 long long scripts_run(const RedisServer& redis) {
   const std::string stats = redis.command({"INFO", "commandstats"});
-  std::smatch calls;
-  if (!std::regex_search(stats, calls, std::regex(R"(cmdstat_evalsha:calls=([0-9]+))"))) return 0;
-  return std::stoll(calls[1]);
+  const std::regex calls(R"(cmdstat_eval(sha)?:calls=([0-9]+))");
+  long long total = 0;
+  for (auto it = std::sregex_iterator(stats.begin(), stats.end(), calls);
+       it != std::sregex_iterator(); ++it) {
+    total += std::stoll((*it)[2]);
+  }
+  return total;
 }
 
 server::SharedBudget budget_of(const std::string& tag, std::uint64_t rpm, unsigned max_parallel) {
@@ -196,6 +201,72 @@ TEST(SharedBatches, SettlementsThatComeDuringACallGoTogetherMovingTheTatInTurn) 
           EXPECT_LE(ahead_s, 13);
         }
       });
+}
+
+TEST(SharedBatches, SettlementsWaitingForAnAdmissionCallRideWithTheNextOne) {
+  if (!redis_server_binary()) GTEST_SKIP() << "redis-server is not installed";
+  RedisServer redis;
+  const auto budget = budget_of("riding", 60, 10);
+  const std::shared_ptr<const server::Snapshot> no_snapshot;
+  with_worker(redis,
+              [&](server::WorkerState& worker, net::io_context& context) -> net::awaitable<void> {
+                std::vector<std::unique_ptr<server::SharedLease>> leases;
+                for (int i = 0; i < 3; ++i) {
+                  auto lease = std::make_unique<server::SharedLease>();
+                  lease->set = budget.parallel_key;
+                  lease->id = "held-" + std::to_string(i);
+                  auto answer = co_await worker.admit(budget, no_snapshot, false, "0", lease->id);
+                  EXPECT_TRUE(answer && answer->refused == 0);
+                  worker.hold(*lease);
+                  leases.push_back(std::move(lease));
+                }
+                redis.command({"CONFIG", "RESETSTAT"});
+                // An admission goes at once; two settlements and a second admission
+                // come while it is in flight. The settlements wait for it and go in
+                // the second admission's call, ahead of it: two scripts, not three.
+                int answered = 0;
+                std::optional<server::AdmitAnswer> first;
+                std::optional<server::AdmitAnswer> second;
+                net::co_spawn(
+                    context,
+                    [&]() -> net::awaitable<void> {
+                      first = co_await worker.admit(budget, no_snapshot, true, "0", "new-0");
+                      ++answered;
+                    },
+                    net::detached);
+                worker.settle(budget, no_snapshot, 4'000'000'000, leases[0].get());
+                worker.settle(budget, no_snapshot, 0, leases[1].get());
+                net::co_spawn(
+                    context,
+                    [&]() -> net::awaitable<void> {
+                      second = co_await worker.admit(budget, no_snapshot, true, "0", "new-1");
+                      ++answered;
+                    },
+                    net::detached);
+                EXPECT_TRUE(co_await until(context, [&] { return answered == 2; }));
+                EXPECT_EQ(scripts_run(redis), 2) << redis.command({"INFO", "commandstats"});
+                if (!first || !second) {
+                  ADD_FAILURE() << "an admission had no answer";
+                  co_return;
+                }
+                EXPECT_EQ(first->refused, 0);
+                EXPECT_EQ(second->refused, 0);
+                // The first was judged before the refund was owed, the second after.
+                EXPECT_EQ(first->tpm_owed_ns, 0);
+                EXPECT_GT(second->tpm_owed_ns, 3'000'000'000);
+                EXPECT_LE(second->tpm_owed_ns, 4'000'000'000);
+                // Two leases given back, two taken: held-2, new-0 and new-1.
+                EXPECT_EQ(redis.command({"ZCARD", budget.parallel_key}), ":3\r\n");
+                EXPECT_EQ(redis.command({"ZSCORE", budget.parallel_key, "held-0"}), "$-1\r\n");
+
+                // With no admission in flight, a settlement goes on its own at once.
+                redis.command({"CONFIG", "RESETSTAT"});
+                worker.settle(budget, no_snapshot, 0, leases[2].get());
+                EXPECT_TRUE(co_await until(context, [&] {
+                  return redis.command({"ZCARD", budget.parallel_key}) == ":2\r\n";
+                }));
+                EXPECT_EQ(scripts_run(redis), 1);
+              });
 }
 
 }  // namespace

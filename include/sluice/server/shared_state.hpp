@@ -79,7 +79,7 @@ inline constexpr std::chrono::milliseconds kCooldownTick{250};
 boost::asio::awaitable<void> share_cooldowns(Worker& worker);
 
 // Redis's answer to one request under a SharedBudget's limits (see
-// state::admit_script): refused 0 admitted, 1 max_parallel, 2 rpm, 3 tpm;
+// state::budget_script): refused 0 admitted, 1 max_parallel, 2 rpm, 3 tpm;
 // how far each TAT stood ahead of now before the request.
 struct AdmitAnswer {
   long long refused = 0;
@@ -124,7 +124,8 @@ class WorkerState {
   // Gives back what a request of client key `budget` reserved and did not
   // spend: `delta_ns` moves its tpm TAT (negative refunds, 0 leaves it),
   // and its max_parallel `lease` (or null) is released. Batched as admit's
-  // calls are; nothing waits for the answer.
+  // calls are, and carried by the budget's next admission call when one is
+  // in flight; nothing waits for the answer.
   void settle(const SharedBudget& budget, const std::shared_ptr<const Snapshot>& keep_alive,
               std::int64_t delta_ns, SharedLease* lease);
 

@@ -11,22 +11,20 @@
 // auth::TokenBucket in C++, fed the TATs the scripts report.
 namespace sluice::state {
 
+// One call per client key's or deployment's budget: what earlier requests
+// reserved and did not spend, then the requests to judge.
 // KEYS: rpm TAT, tpm TAT, parallel leases (a sorted set: lease -> expiry ms).
 // ARGV: interval ns (0 = no rpm), window ns, tpm limited (0|1),
-// max_parallel (0 = none), lease TTL ms; then for each request to judge,
-// in order: the estimate's cost in ns (0 = reserves nothing) and its lease
-// id.
+// max_parallel (0 = none), lease TTL ms, most tpm debt ns, the number S of
+// settlements; then S settlements, in order: ns to add to the tpm TAT
+// (negative gives back, 0 leaves it) and the lease id to remove ("" for
+// none); then for each request to judge, in order: the estimate's cost in
+// ns (0 = reserves nothing) and its lease id.
 // Returns {refused, rpm owed ns, tpm owed ns} for each request, one after
 // the other: refused 0 = admitted (and charged, lease taken), 1 =
 // max_parallel, 2 = rpm, 3 = tpm; the owed values are how far each TAT
-// stood ahead of now before that request.
-const Script& admit_script();
-
-// What requests of one client key reserved and did not spend, and their
-// max_parallel leases. KEYS: tpm TAT, lease set. ARGV: most debt in ns;
-// then for each request, in order: ns to add to the TAT (negative gives
-// back, 0 leaves it) and the lease id to remove ("" for none).
-const Script& settle_script();
+// stood ahead of now before that request, after the settlements.
+const Script& budget_script();
 
 // KEYS: lease sets, one per lease. ARGV: TTL ms, then the lease ids in the
 // same order. Pushes each lease still held TTL ms past now.
