@@ -77,13 +77,35 @@ class AttemptCoroutineEnd {
   AttemptTask& task_;
 };
 
+// Whether an attempt that takes its deployment's shared limits itself (a
+// hedge) may start: false when the limits refuse it, or the race is over.
+net::awaitable<bool> admitted_by_shared_limits(Worker& worker, AttemptTask& task,
+                                               std::shared_ptr<const Snapshot> snapshot) {
+  WorkerState& shared = *worker.shared_state();
+  const SharedDeploymentVerdict verdict = co_await take_shared_deployment_limits(
+      shared, *task.attempt.deployment, task.wiring->shared_budget, snapshot, task.shared_lease);
+  if (verdict == SharedDeploymentVerdict::at_limit ||
+      (verdict == SharedDeploymentVerdict::unavailable &&
+       shared.settings().on_unavailable == config::State::OnUnavailable::deny)) {
+    task.refused_by_shared_limits = true;
+    co_return false;
+  }
+  co_return !task.abort_handle.aborted();
+}
+
 net::awaitable<void> run_attempt(Worker& worker, const upstream::Origin& origin, AttemptTask& task,
-                                 net::steady_timer& wakeup) {
+                                 net::steady_timer& wakeup,
+                                 std::shared_ptr<const Snapshot> snapshot) {
   const AttemptCoroutineEnd end(worker, task);
   try {
     if (task.attempt.hedge) inject_fault(FaultPoint::hedge_attempt);
-    task.result.emplace(co_await worker.transport(*task.wiring)
-                            .start(origin, task.request, task.limits, task.abort_handle));
+    bool starts = true;
+    if (task.takes_shared_limits)
+      starts = co_await admitted_by_shared_limits(worker, task, snapshot);
+    if (starts) {
+      task.result.emplace(co_await worker.transport(*task.wiring)
+                              .start(origin, task.request, task.limits, task.abort_handle));
+    }
   } catch (...) {
     task.escaped = std::current_exception();
   }
@@ -148,9 +170,14 @@ void launch(RequestContext& context, const ForwardedRequest& inputs, AttemptTask
   // The snapshot the request holds keeps the origin alive for the attempt.
   // What the attempt throws goes to the request that raced it (run_attempt);
   // the barrier stands for anything else.
-  net::co_spawn(context.client.get_executor(),
-                run_attempt(context.worker, task.wiring->origin, task, wakeup),
-                InternalErrorBarrier(context.worker, "an upstream attempt"));
+  // Only an attempt that will wait for Redis needs the snapshot beyond the
+  // request's own hold on it.
+  std::shared_ptr<const Snapshot> keep_alive;
+  if (task.takes_shared_limits) keep_alive = context.snapshot;
+  net::co_spawn(
+      context.client.get_executor(),
+      run_attempt(context.worker, task.wiring->origin, task, wakeup, std::move(keep_alive)),
+      InternalErrorBarrier(context.worker, "an upstream attempt"));
 }
 
 metrics::AttemptRecord attempt_record(const config::Deployment& deployment,
@@ -242,15 +269,11 @@ void launch_hedge(RequestContext& context, const AttemptsCall& call,
   const auto now = Clock::now();
   auto hedge = call.plan.next_hedge(now);
   if (!hedge) return;
-  if (context.worker.shared_state() != nullptr && has_shared_limits(*hedge->deployment)) {
-    // A hedge starts now or never, and cannot wait for Redis's answer: a
-    // deployment whose limits the instances share is not hedged onto.
-    call.plan.abandon(*hedge);
-    return;
-  }
   inject_fault(FaultPoint::hedge_launched);
   ++call.tally.count;
   slot = std::make_unique<AttemptTask>();
+  slot->takes_shared_limits =
+      context.worker.shared_state() != nullptr && has_shared_limits(*hedge->deployment);
   launch(context, call.request, *slot, *hedge, now, call.watch, wakeup);
 }
 
@@ -478,6 +501,13 @@ net::awaitable<AttemptsOutcome> run_attempts(RequestContext& context, AttemptsCa
     bool answer_now = false;
     for (auto& task : tasks) {
       if (!task || task.get() == winner) continue;
+      if (task->refused_by_shared_limits) {
+        // Full across the instances, or Redis away under deny: the hedge
+        // was never sent, and is no attempt.
+        plan.at_shared_limit(task->attempt);
+        --call.tally.count;
+        continue;
+      }
       bool lost_race = winner && task->abort_handle.aborted();
       bool superseded = winner && task->result && task->result->ok() && task->has_usable_head();
       if (lost_race) {

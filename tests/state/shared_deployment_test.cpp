@@ -92,9 +92,8 @@ std::vector<unsigned> rpm_answers(TestGateway& gateway) {
 TEST_F(SharedDeploymentLimits, OneGatewayGetsTheSameRpmAnswersFromEitherBackend) {
   auto upstream = start_mock();
   RedisServer redis;
-  const std::string models =
-      "models:\n  - name: chat\n    deployments:\n" +
-      deployment_yaml("limited", upstream->base_url(), "        rpm: 30\n");
+  const std::string models = "models:\n  - name: chat\n    deployments:\n" +
+                             deployment_yaml("limited", upstream->base_url(), "        rpm: 30\n");
   TestGateway local("server:\n  threads: 2\n" + models);
   auto shared = three_sharing_deployments(redis, models);
 
@@ -150,6 +149,39 @@ TEST_F(SharedDeploymentLimits, MaxParallelHoldsAcrossGateways) {
       2s));
   EXPECT_EQ(ask_chat(*gateways[2]).status, 200u);
   EXPECT_EQ(upstream->stats().requests, 3u);
+}
+
+TEST_F(SharedDeploymentLimits, AHedgeTakesItsDeploymentsSharedLimitsBeforeItStarts) {
+  mock::Behaviour slow;
+  slow.ttft = 1500ms;
+  auto primary = start_mock(slow);
+  auto quick = start_mock();
+  RedisServer redis;
+  auto gateways = three_sharing_deployments(
+      redis,
+      "router:\n  retries: 0\n  hedge: {after: 100ms}\n"
+      "models:\n  - name: chat\n    strategy: priority\n    deployments:\n" +
+          deployment_yaml("primary", primary->base_url()) +
+          deployment_yaml("quick", quick->base_url(), "        rpm: 2\n"));
+  // The hedges of two gateways take quick's two requests of its burst and
+  // answer in about 100 ms; the third gateway's finds quick full across the
+  // instances, is never sent, and the primary answers.
+  for (int i = 0; i < 3; ++i) {
+    const auto started = std::chrono::steady_clock::now();
+    auto response = ask_chat(*gateways[i]);
+    const auto took = std::chrono::steady_clock::now() - started;
+    ASSERT_EQ(response.status, 200u) << response.body;
+    if (i < 2) {
+      EXPECT_LT(took, 1200ms) << "request " << i << " was not answered by its hedge";
+    } else {
+      EXPECT_GE(took, 1400ms) << "the third request's hedge went past the shared rpm";
+      EXPECT_EQ(response.header("x-sluice-attempts"), "1");
+    }
+  }
+  EXPECT_EQ(quick->stats().requests, 2u);
+  EXPECT_EQ(primary->stats().requests, 3u);
+  auto keys = redis.command({"KEYS", "sluice:{dep:quick}:*"});
+  EXPECT_NE(keys.find("sluice:{dep:quick}:rpm:2"), std::string::npos) << keys;
 }
 
 TEST_F(SharedDeploymentLimits, LocalLimitsHoldWhileRedisIsAway) {

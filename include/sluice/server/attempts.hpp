@@ -57,6 +57,11 @@ struct AttemptTask : PerThreadRecycled {
   // The deployment's max_parallel permit in Redis (state.backend redis),
   // given back with the task.
   std::unique_ptr<SharedLease> shared_lease;
+  // A hedge onto a deployment whose limits the instances share takes them
+  // in its own coroutine before it starts, so that the race does not wait
+  // for Redis; refused, it never starts.
+  bool takes_shared_limits = false;
+  bool refused_by_shared_limits = false;
 
   bool has_usable_head() const { return result && result->ok() && result->value()->status() < 400; }
   upstream::Exchange& exchange() { return *result->value(); }
