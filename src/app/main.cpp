@@ -63,7 +63,7 @@ std::string allocator_in_use() {
 // (bench/RESULTS.md). So the delay stays, and each worker has what it freed
 // given back once it has gone quiet. mimalloc 2.0.9 has no call for that:
 // mi_collect(true) reaches only the segments in which it frees a page, and
-// after 3,000 held streams (10 MiB before, 52 at the peak) 32 MiB stayed.
+// after 3,000 held streams (10 MiB before, 51 at the peak) 31 MiB stayed.
 // Ending the worker's heap leaves 16, as the delay of 0 did: its segments
 // are abandoned, which decommits their expired spans, and the thread takes
 // a fresh heap at its next allocation and its old segments back as it
