@@ -52,18 +52,25 @@ std::string allocator_in_use() {
 #endif
 }
 
-// mimalloc keeps the pages a burst of connections freed for 25 ms before it
-// gives them back to the system, and does so only when the thread that
-// freed them allocates or frees again: a gateway gone quiet after 8,000 held
-// streams kept 117 MiB resident for as long as it stayed quiet (8 MiB
-// before the burst). Given back at once, 18 MiB remain, for a madvise per
-// page span that falls empty: none at a steady load on kept-alive
-// connections, 366 instead of 284 in a burst of 2,000 streams
-// (bench/RESULTS.md). A MIMALLOC_DECOMMIT_DELAY in the environment still
-// decides.
-void give_back_freed_memory_at_once() {
+// mimalloc gives back the pages a thread freed 25 ms after they fell empty,
+// but only when that thread next allocates or frees in the same segment: a
+// gateway gone quiet after 8,000 held streams kept 117 MiB resident for as
+// long as it stayed quiet (8 MiB before the burst). A decommit delay of 0
+// gave them back at once, but under a steady load it also gave back, and
+// faulted in again, every 64 KiB page of coroutine frames that fell empty
+// for a moment: a madvise, its TLB shootdown and 16 page faults each time,
+// a third of the CPU time per request at concurrency 64 on one thread
+// (bench/RESULTS.md). So the delay stays, and each worker has what it freed
+// given back once it has gone quiet. mimalloc 2.0.9 has no call for that:
+// mi_collect(true) reaches only the segments in which it frees a page, and
+// after 3,000 held streams (10 MiB before, 51 at the peak) 31 MiB stayed.
+// Ending the worker's heap leaves 16, as the delay of 0 did: its segments
+// are abandoned, which decommits their expired spans, and the thread takes
+// a fresh heap at its next allocation and its old segments back as it
+// needs them, as mimalloc does for what an exiting thread leaves behind.
+[[maybe_unused]] void give_back_freed_memory() {
 #if SLUICE_WITH_MIMALLOC
-  mi_option_set_default(mi_option_decommit_delay, 0);
+  mi_thread_done();
 #endif
 }
 
@@ -81,7 +88,6 @@ int check_config(const std::string& path) {
 }
 
 int run(const std::string& path) {
-  give_back_freed_memory_at_once();
   sluice::config::ConfigPtr config;
   try {
     config = sluice::config::load_file(path);
@@ -130,6 +136,9 @@ int run(const std::string& path) {
     }
   };
   gateway.set_reload_handler(reload);
+#if SLUICE_WITH_MIMALLOC
+  gateway.set_quiet_hook(give_back_freed_memory);
+#endif
   try {
     gateway.start();
   } catch (const std::exception& error) {

@@ -455,6 +455,34 @@ net::awaitable<void> sweep_idle_connections(Worker& worker) {
   }
 }
 
+// Runs `hook` once `worker` has gone quiet after work: checked every
+// second, a worker is quiet when it took no client connection and no
+// upstream connection since the last check and has none in use. A worker
+// that stays busy never runs it, and a quiet one runs it once.
+net::awaitable<void> report_quiet(Worker& worker, const std::function<void()>& hook) {
+  net::steady_timer timer(worker.context());
+  const auto& counters = worker.pool().counters();
+  const auto work_done = [&] {
+    return worker.connections_taken() + counters.opened.load(std::memory_order_relaxed) +
+           counters.reused.load(std::memory_order_relaxed);
+  };
+  std::uint64_t seen = work_done();
+  bool worked = false;
+  for (;;) {
+    timer.expires_after(std::chrono::seconds(1));
+    auto [ec] = co_await timer.async_wait(as_tuple(use_awaitable));
+    if (ec) co_return;
+    const std::uint64_t now = work_done();
+    if (now != seen) {
+      seen = now;
+      worked = true;
+    } else if (worked && counters.active.load(std::memory_order_relaxed) <= 0) {
+      worked = false;
+      hook();
+    }
+  }
+}
+
 }  // namespace
 
 void Gateway::start() {
@@ -516,6 +544,10 @@ void Gateway::start() {
     if (worker->shared_state_) worker->shared_state_->start();
     net::co_spawn(worker->context(), sweep_idle_connections(*worker),
                   InternalErrorBarrier(*worker, "closing expired upstream connections"));
+    if (quiet_hook_) {
+      net::co_spawn(worker->context(), report_quiet(*worker, quiet_hook_),
+                    InternalErrorBarrier(*worker, "reporting a quiet worker"));
+    }
     worker->thread_ = std::thread([&worker = *worker, busy_poll = config->server.busy_poll] {
       run_event_loop(worker.context_, busy_poll, worker.loop_counters_);
     });

@@ -137,7 +137,12 @@ class Worker {
   std::size_t spare_relay_buffers() const { return spare_relay_buffers_.size(); }
 
   // Called on the worker's own thread only.
-  void track(ClientConnection& connection) { connections_.push_back(connection); }
+  void track(ClientConnection& connection) {
+    connections_.push_back(connection);
+    ++connections_taken_;
+  }
+  // Client connections this worker has served since it started.
+  std::uint64_t connections_taken() const { return connections_taken_; }
   static void untrack(ClientConnection& connection) { connection.worker_hook.unlink(); }
   std::size_t client_connections() const { return connections_.size(); }
   // Closes the connections that wait idle for a next request; busy ones
@@ -162,6 +167,7 @@ class Worker {
                                     &ClientConnection::worker_hook>,
       boost::intrusive::constant_time_size<false>>
       connections_;
+  std::uint64_t connections_taken_ = 0;
   // Given back by connections that ended, at most kSpareRelayBuffers of them.
   std::vector<std::unique_ptr<stream::Relay::Buffers>> spare_relay_buffers_;
   // Connections being opened by keep_warm, per origin.
@@ -242,6 +248,11 @@ class Gateway {
     reload_handler_ = std::move(handler);
   }
   ReloadOutcome reload();
+  // Run on a worker's own thread when it has gone quiet after work: no
+  // upstream connection in use, and none taken nor a client connection
+  // accepted for a second or more. Once per quiet spell; set before start().
+  // The binary has its allocator give back the pages that work freed.
+  void set_quiet_hook(std::function<void()> hook) { quiet_hook_ = std::move(hook); }
   upstream::DnsCache& dns() { return dns_; }
   upstream::TlsContexts& tls() { return tls_; }
   // Whether the shared state backend answers; null with the local backend.
@@ -272,6 +283,7 @@ class Gateway {
   std::unique_ptr<boost::asio::ip::tcp::acceptor> admin_acceptor_;
   std::uint16_t admin_port_ = 0;
   std::function<ReloadOutcome()> reload_handler_;
+  std::function<void()> quiet_hook_;
   std::mutex reload_mutex_;
   std::uint16_t bound_port_ = 0;
   std::string bound_host_;
