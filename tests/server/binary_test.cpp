@@ -308,6 +308,15 @@ std::size_t resident_kib(pid_t pid) {
   return 0;
 }
 
+// Whether `binary` allocates with mimalloc, as its --version says;
+// `version` is what it said.
+bool runs_on_mimalloc(const std::string& binary, std::string& version) {
+  ChildProcess child(binary, {"--version"});
+  EXPECT_EQ(child.wait_exit(10s), 0);
+  version = child.standard_output();
+  return version.find("allocator: mimalloc") != std::string::npos;
+}
+
 // What a burst of connections took is given back to the system once the
 // burst has ended, not kept until traffic comes again.
 TEST(SluiceBinary, GivesBackTheMemoryOfABurstOfStreamsOnceItEnds) {
@@ -315,15 +324,9 @@ TEST(SluiceBinary, GivesBackTheMemoryOfABurstOfStreamsOnceItEnds) {
   if (binary.empty()) GTEST_SKIP() << "sluice binary not found; set SLUICE_BINARY";
   const auto bench = built_binary("SLUICE_BENCH_BINARY", "tools/bench/sluice-bench");
   if (!bench) GTEST_SKIP() << "sluice-bench not found; set SLUICE_BENCH_BINARY";
-  {
-    // How soon freed memory goes back is the allocator's: sanitizer builds
-    // run on theirs, which keeps freed memory in quarantine on purpose.
-    ChildProcess version(binary, {"--version"});
-    ASSERT_EQ(version.wait_exit(10s), 0);
-    if (version.standard_output().find("allocator: mimalloc") == std::string::npos) {
-      GTEST_SKIP() << version.standard_output();
-    }
-  }
+  // How soon freed memory goes back is the allocator's: sanitizer builds
+  // run on theirs, which keeps freed memory in quarantine on purpose.
+  if (std::string version; !runs_on_mimalloc(binary, version)) GTEST_SKIP() << version;
   constexpr unsigned kStreams = 1000;
   // Each stream holds a descriptor in the load generator and two in sluice.
   ASSERT_GT(raise_descriptor_limit(), 2 * kStreams + 256);
@@ -400,14 +403,8 @@ TEST(SluiceBinary, KeepsItsPagesUnderASteadyLoad) {
   if (binary.empty()) GTEST_SKIP() << "sluice binary not found; set SLUICE_BINARY";
   const auto bench = built_binary("SLUICE_BENCH_BINARY", "tools/bench/sluice-bench");
   if (!bench) GTEST_SKIP() << "sluice-bench not found; set SLUICE_BENCH_BINARY";
-  {
-    // Another allocator keeps or gives back pages by rules of its own.
-    ChildProcess version(binary, {"--version"});
-    ASSERT_EQ(version.wait_exit(10s), 0);
-    if (version.standard_output().find("allocator: mimalloc") == std::string::npos) {
-      GTEST_SKIP() << version.standard_output();
-    }
-  }
+  // Another allocator keeps or gives back pages by rules of its own.
+  if (std::string version; !runs_on_mimalloc(binary, version)) GTEST_SKIP() << version;
   auto upstream = start_mock({}, 2);
   std::string yaml = open_chat_config(upstream->base_url(), "", "  level: warn\n");
   yaml.replace(yaml.find("threads: 2"), 10, "threads: 1");

@@ -90,6 +90,25 @@ net::awaitable<bool> until(net::io_context& context, const std::function<bool()>
   co_return condition();
 }
 
+// Admits `count` requests of `budget` one call at a time, each holding a
+// lease named `prefix` and its number.
+net::awaitable<std::vector<std::unique_ptr<server::SharedLease>>> held_leases(
+    server::WorkerState& worker, const server::SharedBudget& budget, const std::string& prefix,
+    int count) {
+  const std::shared_ptr<const server::Snapshot> no_snapshot;
+  std::vector<std::unique_ptr<server::SharedLease>> leases;
+  for (int i = 0; i < count; ++i) {
+    auto lease = std::make_unique<server::SharedLease>();
+    lease->set = budget.parallel_key;
+    lease->id = prefix + std::to_string(i);
+    auto answer = co_await worker.admit(budget, no_snapshot, false, "0", lease->id);
+    EXPECT_TRUE(answer && answer->refused == 0);
+    worker.hold(*lease);
+    leases.push_back(std::move(lease));
+  }
+  co_return leases;
+}
+
 TEST(SharedBatches, AdmitsThatComeDuringACallGoTogetherWithTheAnswersOfSeparateCalls) {
   if (!redis_server_binary()) GTEST_SKIP() << "redis-server is not installed";
   RedisServer redis;
@@ -156,16 +175,7 @@ TEST(SharedBatches, SettlementsThatComeDuringACallGoTogetherMovingTheTatInTurn) 
   const std::shared_ptr<const server::Snapshot> no_snapshot;
   with_worker(
       redis, [&](server::WorkerState& worker, net::io_context& context) -> net::awaitable<void> {
-        std::vector<std::unique_ptr<server::SharedLease>> leases;
-        for (int i = 0; i < 4; ++i) {
-          auto lease = std::make_unique<server::SharedLease>();
-          lease->set = budget.parallel_key;
-          lease->id = "settled-" + std::to_string(i);
-          auto answer = co_await worker.admit(budget, no_snapshot, false, "0", lease->id);
-          EXPECT_TRUE(answer && answer->refused == 0);
-          worker.hold(*lease);
-          leases.push_back(std::move(lease));
-        }
+        auto leases = co_await held_leases(worker, budget, "settled-", 4);
         EXPECT_EQ(redis.command({"ZCARD", budget.parallel_key}), ":4\r\n");
         // The script is loaded, and counted from here.
         worker.settle(warm, no_snapshot, 0, nullptr);
@@ -210,16 +220,7 @@ TEST(SharedBatches, SettlementsWaitingForAnAdmissionCallRideWithTheNextOne) {
   const std::shared_ptr<const server::Snapshot> no_snapshot;
   with_worker(redis,
               [&](server::WorkerState& worker, net::io_context& context) -> net::awaitable<void> {
-                std::vector<std::unique_ptr<server::SharedLease>> leases;
-                for (int i = 0; i < 3; ++i) {
-                  auto lease = std::make_unique<server::SharedLease>();
-                  lease->set = budget.parallel_key;
-                  lease->id = "held-" + std::to_string(i);
-                  auto answer = co_await worker.admit(budget, no_snapshot, false, "0", lease->id);
-                  EXPECT_TRUE(answer && answer->refused == 0);
-                  worker.hold(*lease);
-                  leases.push_back(std::move(lease));
-                }
+                auto leases = co_await held_leases(worker, budget, "held-", 3);
                 redis.command({"CONFIG", "RESETSTAT"});
                 // An admission goes at once; two settlements and a second admission
                 // come while it is in flight. The settlements wait for it and go in
