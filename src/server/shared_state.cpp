@@ -71,6 +71,27 @@ void take_batch(std::vector<Entry>& waiting, std::vector<Entry>& batch) {
   waiting.erase(waiting.begin(), waiting.begin() + count);
 }
 
+// The keys of a budget_script call for `budget`.
+std::array<std::string_view, 3> budget_keys(const SharedBudget& budget) {
+  return {budget.rpm_key, budget.tpm_key, budget.parallel_key};
+}
+
+// Starts a budget_script call's arguments: the budget's fixed ones, then
+// `settlements` (counted into `count`, which `args` points into); the
+// requests to judge, if any, go after them.
+template <class Settlements>
+void begin_budget_call(const SharedBudget& budget, std::string_view tpm_limited,
+                       const Settlements& settlements, std::string& count,
+                       std::vector<std::string_view>& args) {
+  count = std::to_string(settlements.size());
+  args.assign({budget.interval_ns, budget.window_ns, tpm_limited, budget.max_parallel,
+               budget.lease_ttl_ms, kMostSharedDebtNs, count});
+  for (const auto& settlement : settlements) {
+    args.push_back(settlement.delta_ns);
+    args.push_back(settlement.lease_id);
+  }
+}
+
 }  // namespace
 
 struct WorkerState::AdmitWaiter {
@@ -127,19 +148,11 @@ net::awaitable<void> WorkerState::send_admits(const SharedBudget* budget) {
       take_batch(parked->second.waiting, riding);
       if (parked->second.waiting.empty()) settlements_.erase(parked);
     }
-    riding_count = std::to_string(riding.size());
     // The budget lives while the call is in flight, whatever its requests
     // do meanwhile.
     const std::shared_ptr<const Snapshot> keep_alive = queue->second.keep_alive;
-    const std::array<std::string_view, 3> keys{budget->rpm_key, budget->tpm_key,
-                                               budget->parallel_key};
-    args.assign({budget->interval_ns, budget->window_ns,
-                 queue->second.tpm_limited ? std::string_view("1") : std::string_view("0"),
-                 budget->max_parallel, budget->lease_ttl_ms, kMostSharedDebtNs, riding_count});
-    for (const auto& settlement : riding) {
-      args.push_back(settlement.delta_ns);
-      args.push_back(settlement.lease_id);
-    }
+    const auto keys = budget_keys(*budget);
+    begin_budget_call(*budget, queue->second.tpm_limited ? "1" : "0", riding, riding_count, args);
     for (const auto& waiter : batch) {
       args.push_back(waiter->cost);
       args.push_back(waiter->lease_id);
@@ -193,16 +206,8 @@ void WorkerState::send_settlements(SettleQueue& queue) {
   while (!queue.waiting.empty()) {
     if (admits_.contains(queue.budget)) return;
     take_batch(queue.waiting, queue.in_flight);
-    const SharedBudget& budget = *queue.budget;
-    const std::array<std::string_view, 3> keys{budget.rpm_key, budget.tpm_key, budget.parallel_key};
-    count = std::to_string(queue.in_flight.size());
-    args.assign({budget.interval_ns, budget.window_ns, "0", budget.max_parallel,
-                 budget.lease_ttl_ms, kMostSharedDebtNs, count});
-    for (const auto& settlement : queue.in_flight) {
-      args.push_back(settlement.delta_ns);
-      args.push_back(settlement.lease_id);
-    }
-    if (redis_.send_eval(state::budget_script(), keys, args,
+    begin_budget_call(*queue.budget, "0", queue.in_flight, count, args);
+    if (redis_.send_eval(state::budget_script(), budget_keys(*queue.budget), args,
                          state::Completion{&settlements_sent, &queue}))
       return;
     // Redis is away: what could not be sent is lost, as a lost reply is.
