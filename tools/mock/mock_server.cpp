@@ -36,6 +36,7 @@
 #include <nghttp2/nghttp2.h>
 
 #include "mock/anthropic.hpp"
+#include "mock/event_clock.hpp"
 
 namespace sluice::mock {
 
@@ -2015,6 +2016,17 @@ class H2Connection final : public ConnectionHandle,
     co_return !stream.closed && !closed_;
   }
 
+  // Sleeps until `due` (not at all once it has passed) unless the stream or
+  // the connection ends first. False once either is gone.
+  awaitable<bool> pause_until(H2Stream& stream, Clock::time_point due) {
+    if (stream.closed || closed_) co_return false;
+    if (due > Clock::now()) {
+      stream.timer.expires_at(due);
+      co_await stream.timer.async_wait(use_tuple);
+    }
+    co_return !stream.closed && !closed_;
+  }
+
   static awaitable<void> answer(std::shared_ptr<H2Connection> self,
                                 std::shared_ptr<H2Stream> held) {
     auto& me = *self;
@@ -2134,9 +2146,10 @@ class H2Connection final : public ConnectionHandle,
     if (!open) co_return;
     submit_head(stream, 200, "text/event-stream", 0, 0, true);
     std::string event;
+    EventClock event_clock(Clock::now());
     for (std::size_t index = 0; endless || index < events_to_send; ++index) {
       if (index > 0) {
-        open = co_await pause(stream, interval);
+        open = co_await pause_until(stream, event_clock.next(interval, Clock::now()));
         if (!open) co_return;
       }
       event.clear();
@@ -2161,6 +2174,7 @@ class H2Connection final : public ConnectionHandle,
       if (index == 0 && fail == FailMode::stall_mid) {
         open = co_await pause(stream, plan.behaviour.stall);
         if (!open) co_return;
+        event_clock.restart(Clock::now());
       }
     }
     if (!finishes) {
@@ -2581,14 +2595,18 @@ class Connection final : public ConnectionHandle,
     append_chunk(out_, event_);
     const bool first_is_last = finishes && events_to_send == 1;
     if (first_is_last) out_ += kLastChunk;
+    EventClock event_clock(Clock::now());
     open = co_await send_stream_bytes(first_is_last, byte_gap, dripping);
-    if (open && fail == FailMode::stall_mid) open = co_await pause(plan.behaviour.stall);
+    if (open && fail == FailMode::stall_mid) {
+      open = co_await pause(plan.behaviour.stall);
+      event_clock.restart(Clock::now());
+    }
     if (!open) co_return Next::close;
 
     for (std::size_t index = 1; endless || index < events_to_send; ++index) {
       // Dripped bytes are already spaced by the interval.
       if (!dripping) {
-        open = co_await pause(interval);
+        open = co_await pause_until(event_clock.next(interval, Clock::now()));
         if (!open) co_return Next::close;
       }
       event_.clear();
@@ -2679,6 +2697,16 @@ class Connection final : public ConnectionHandle,
     if (closed_) co_return false;
     if (duration <= Clock::duration::zero()) co_return true;
     sleep_timer_.expires_after(duration);
+    co_await sleep_timer_.async_wait(use_tuple);
+    co_return !closed_;
+  }
+
+  // Sleeps until `due` (not at all once it has passed) unless the
+  // connection closes first. False once it is gone.
+  awaitable<bool> pause_until(Clock::time_point due) {
+    if (closed_) co_return false;
+    if (due <= Clock::now()) co_return true;
+    sleep_timer_.expires_at(due);
     co_await sleep_timer_.async_wait(use_tuple);
     co_return !closed_;
   }
