@@ -107,6 +107,23 @@ TEST(LoadRunner, RampStartsClosedLoopConnectionsEvenlyOverItsDuration) {
   EXPECT_GT(together.ok, 0u);
 }
 
+// Answers come back at once, yet a ramped connection sends one request per
+// ramp, in its own slot: left to the closed loop, two connections would send
+// thousands in the same second.
+TEST(LoadRunner, RampedConnectionsKeepToTheirSlots) {
+  auto mock = start_mock(Behaviour{});
+  LoadOptions options;
+  options.concurrency = 2;
+  options.ramp = 100ms;
+  options.warmup = 0s;
+  options.duration = 1s;
+  const RunResult slotted = run(*mock, options);
+  EXPECT_EQ(slotted.error_count(), 0u);
+  // Slots at 0, 100 ... 900 ms and 50, 150 ... 950 ms: 20 requests.
+  EXPECT_GE(slotted.ok, 10u);
+  EXPECT_LE(slotted.ok, 22u);
+}
+
 // Error answers come back at once; a connection told to back off after one
 // sends far fewer in the same time.
 TEST(LoadRunner, PauseAfterErrorSpacesAClosedLoopsRetries) {

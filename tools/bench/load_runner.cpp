@@ -21,6 +21,13 @@ namespace sluice::bench {
 
 namespace {
 
+// The first of `slot`, `slot + period`, `slot + 2 * period` ... not before `now`.
+Clock::time_point next_slot(Clock::time_point slot, Clock::duration period, Clock::time_point now) {
+  if (now <= slot) return slot;
+  const auto periods = (now - slot + period - Clock::duration(1)) / period;
+  return slot + periods * period;
+}
+
 namespace asio = boost::asio;
 using asio::awaitable;
 using asio::ip::tcp;
@@ -123,11 +130,18 @@ class ThreadRun {
   }
 
   awaitable<void> closed_loop_worker(Connection& connection, Clock::duration start_after) {
-    if (start_after > Clock::duration::zero()) {
-      asio::steady_timer ramp(io_, plan_.start + start_after);
-      co_await ramp.async_wait(use_tuple);
-    }
+    const Clock::time_point slot = plan_.start + start_after;
+    asio::steady_timer ramp(io_);
     for (;;) {
+      // A ramped connection keeps to its place in the ramp: each request
+      // waits for the connection's next slot (its offset, plus whole
+      // ramps). Left to the closed loop alone, streams that a proxy ends
+      // in one batch start their next requests together, and over a few
+      // rounds the ramp's spread gathers back into bursts.
+      if (options_.ramp > Clock::duration::zero()) {
+        ramp.expires_at(next_slot(slot, options_.ramp, Clock::now()));
+        co_await ramp.async_wait(use_tuple);
+      }
       const auto now = Clock::now();
       if (now >= plan_.deadline) break;
       const bool measured = now >= plan_.warmup_end;

@@ -39,7 +39,9 @@ Load options:
   --requests N, -n N     measure N requests instead of a duration
   --warmup DUR           unmeasured time before measuring (default 1s)
   --ramp DUR             closed loop: start the N connections evenly over DUR
-                         instead of all at once (e.g. streams out of step)
+                         instead of all at once (e.g. streams out of step); each
+                         connection keeps its place: a request waits for the
+                         connection's next slot (its offset plus whole DURs)
   --pause-after-error DUR
                          closed loop: a connection whose answer had an error status
                          waits DUR before its next request, as a client backing off
