@@ -99,38 +99,6 @@ const char* skip_plain_string_bytes_sse2(const char* p, const char* end, bool& e
 }
 
 #if defined(__x86_64__)
-// Where 32 bytes stop a string's scan, bit by bit: a quote, a control byte
-// or one from 0x80 up (`stops`), a backslash (`backslashes`), and a byte
-// that no backslash may escape in two (`not_short_escapes`).
-struct StringBlock {
-  std::uint32_t stops;
-  std::uint32_t backslashes;
-  std::uint32_t not_short_escapes;
-};
-
-__attribute__((target("avx2"))) inline StringBlock classify_string_block(__m256i block) {
-  // The bytes "\/bfnrt are told by their nibbles: each high nibble among
-  // them (2, 5, 6, 7) has a bit, and a low nibble's entry holds the bits of
-  // the high nibbles it pairs with to make one of them.
-  const __m256i by_low = _mm256_setr_epi8(0, 0, 13, 0, 8, 0, 4, 0, 0, 0, 0, 0, 2, 0, 4, 1,  //
-                                          0, 0, 13, 0, 8, 0, 4, 0, 0, 0, 0, 0, 2, 0, 4, 1);
-  const __m256i by_high = _mm256_setr_epi8(0, 0, 1, 0, 0, 2, 4, 8, 0, 0, 0, 0, 0, 0, 0, 0,  //
-                                           0, 0, 1, 0, 0, 2, 4, 8, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m256i nibble = _mm256_set1_epi8(0x0F);
-  // Signed: bytes from 0x80 up are negative, so below the space too.
-  const __m256i stops = _mm256_or_si256(_mm256_cmpgt_epi8(_mm256_set1_epi8(0x20), block),
-                                        _mm256_cmpeq_epi8(block, _mm256_set1_epi8('"')));
-  const __m256i backslashes = _mm256_cmpeq_epi8(block, _mm256_set1_epi8('\\'));
-  const __m256i low = _mm256_shuffle_epi8(by_low, _mm256_and_si256(block, nibble));
-  const __m256i high =
-      _mm256_shuffle_epi8(by_high, _mm256_and_si256(_mm256_srli_epi16(block, 4), nibble));
-  const __m256i not_short_escapes =
-      _mm256_cmpeq_epi8(_mm256_and_si256(low, high), _mm256_setzero_si256());
-  return {static_cast<std::uint32_t>(_mm256_movemask_epi8(stops)),
-          static_cast<std::uint32_t>(_mm256_movemask_epi8(backslashes)),
-          static_cast<std::uint32_t>(_mm256_movemask_epi8(not_short_escapes))};
-}
-
 // 32 bytes of `value`.
 __attribute__((target("avx2"))) inline __m256i bytes(int value) {
   return _mm256_set1_epi8(static_cast<char>(value));
@@ -181,12 +149,12 @@ __attribute__((target("avx2"))) inline bool breaks_utf8(__m256i block, __m256i b
   return _mm256_testz_si256(broken, broken) == 0;
 }
 
-// breaks_utf8 over a step's 64 bytes. Out of line: its constants would
-// take the registers of the ASCII loop around it, which then reloaded its
-// own from memory on every step.
-__attribute__((target("avx2"), noinline)) bool breaks_utf8_in_step(__m256i first, __m256i second,
-                                                                   __m256i before) {
-  return breaks_utf8(first, before) || breaks_utf8(second, first);
+// breaks_utf8 over a step's 64 bytes, before which no sequence is open (so
+// the bytes ahead of them may be taken for ASCII). Out of line: its
+// constants would take the registers of the ASCII loop around it, which
+// then reloaded its own from memory on every step.
+__attribute__((target("avx2"), noinline)) bool breaks_utf8_in_step(__m256i first, __m256i second) {
+  return breaks_utf8(first, _mm256_setzero_si256()) || breaks_utf8(second, first);
 }
 
 // Where a UTF-8 sequence that began in the three bytes before `p` starts,
@@ -200,78 +168,146 @@ inline const char* open_utf8_sequence(const char* p) {
   return nullptr;
 }
 
-// skip_plain_string_bytes_sse2's task, 64 bytes at a time and without a
-// branch per escape: the bytes that follow a backslash are found by
-// shifting its mask, and are all checked at once to be short escapes. A
-// backslash escaped itself (a run of them), a \u escape, or any escape that
-// is not one of those goes to the caller, at its backslash. Text in other
-// scripts than Latin is validated as UTF-8 in the same steps; where it
-// breaks, the caller gets the first byte it must read for itself.
+// 32 bytes of a step, and what tells which of them the step may pass over
+// (each a byte of all ones or of zeros): whether the byte before each is a
+// backslash, and whether each is one of the escape bytes the steps read. A
+// byte after a backslash passes where it makes a two-byte escape with it;
+// any other, where it is printable ASCII but the quote (`passing`). A
+// backslash itself passes, its escape being told at the byte after it; a
+// backslash after a backslash fails, which leaves runs of them, whose
+// escapes pair up by count, to the caller.
+struct StepBlock {
+  __m256i bytes;
+  __m256i after_backslash;
+  __m256i escape_byte;
+};
+
+__attribute__((target("avx2"))) inline StepBlock step_block(const char* p) {
+  // \" \/ \f \n \r \t: halving each byte, rounded up, gives the six
+  // escape bytes six low nibbles, so one lookup names the one a byte may
+  // be and a compare tells whether it is. \b shares \"'s nibble and is left
+  // to the caller, as \\ and \u are. Unused entries hold 0xFF, which no
+  // byte that looks them up is: 0xFF halves to 0x80, whose lookup gives 0.
+  const __m256i by_half =
+      _mm256_setr_epi8(-1, '"', -1, 'f', -1, -1, -1, 'n', '/', 'r', 't', -1, -1, -1, -1, -1,  //
+                       -1, '"', -1, 'f', -1, -1, -1, 'n', '/', 'r', 't', -1, -1, -1, -1, -1);
+  const __m256i block = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i before = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p - 1));
+  const __m256i half = _mm256_avg_epu8(block, _mm256_setzero_si256());
+  return {block, _mm256_cmpeq_epi8(before, bytes('\\')),
+          _mm256_cmpeq_epi8(block, _mm256_shuffle_epi8(by_half, half))};
+}
+
+// StepBlock's verdict on its bytes. `plain` tells the bytes that pass
+// where no backslash is before them.
+__attribute__((target("avx2"))) inline __m256i passing(const StepBlock& block, __m256i plain) {
+  return _mm256_blendv_epi8(plain, block.escape_byte, block.after_backslash);
+}
+
+// Printable ASCII but the quote: flipping bit 1 makes the quote 0x20 and
+// keeps 0x00..0x1F below it; from 0x80 up, bytes are negative.
+__attribute__((target("avx2"))) inline __m256i plain_ascii(__m256i block) {
+  return _mm256_cmpgt_epi8(_mm256_xor_si256(block, bytes(0x02)), bytes(0x20));
+}
+
+// The same with the bytes from 0x80 up (checked as UTF-8 apart): flipping
+// bit 7 too moves them above the printable ones, compared signed.
+__attribute__((target("avx2"))) inline __m256i plain_or_high(__m256i block) {
+  return _mm256_cmpgt_epi8(_mm256_xor_si256(block, bytes(0x82)), bytes(0x20 ^ 0x80));
+}
+
+// Which of the 32 bytes at `p` pass, bytes from 0x80 up failing.
+__attribute__((target("avx2"))) inline __m256i passes_as_ascii(const char* p) {
+  const StepBlock block = step_block(p);
+  return passing(block, plain_ascii(block.bytes));
+}
+
+// Whether all the 128 bytes at `p` pass, with no byte from 0x80 up.
+__attribute__((target("avx2"))) inline bool two_steps_pass_as_ascii(const char* p) {
+  const __m256i passes =
+      _mm256_and_si256(_mm256_and_si256(passes_as_ascii(p), passes_as_ascii(p + 32)),
+                       _mm256_and_si256(passes_as_ascii(p + 64), passes_as_ascii(p + 96)));
+  return _mm256_testc_si256(passes, _mm256_set1_epi8(-1)) != 0;
+}
+
+// skip_plain_string_bytes_sse2's task, 64 bytes at a time. A pasted
+// document has an escape in nearly every 64 bytes, so a step takes its
+// two-byte escapes in the same few vector operations as its plain bytes,
+// without a mask per kind of byte: each byte is checked against the byte
+// before it (StepBlock). A step that fails is looked at again: bytes from
+// 0x80 up are validated as UTF-8 in vectors, and the caller gets the first
+// byte it must read for itself (an escape at its backslash). Text in other
+// scripts than Latin fails every step and is validated that way.
 __attribute__((target("avx2"))) const char* skip_plain_string_bytes_avx2(const char* p,
                                                                          const char* end,
                                                                          bool& escaped) {
-  const char* const start = p;
-  // 1 when the byte at `p` is escaped by the backslash before it.
-  std::uint64_t carried = 0;
-  // The 32 bytes before `p` (none at the start: the byte before `p` ends a
-  // quote, an escape or a whole UTF-8 sequence), and whether any of their
-  // last three is from 0x80 up, which may leave a sequence open.
-  __m256i before = _mm256_setzero_si256();
-  bool may_be_open = false;
-  while (end - p >= 64) {
-    const __m256i first_bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    const __m256i second_bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
-    const StringBlock first = classify_string_block(first_bytes);
-    const StringBlock second = classify_string_block(second_bytes);
-    std::uint64_t stops = first.stops | std::uint64_t{second.stops} << 32;
-    const std::uint64_t backslashes = first.backslashes | std::uint64_t{second.backslashes} << 32;
-    const std::uint64_t not_short_escapes =
-        first.not_short_escapes | std::uint64_t{second.not_short_escapes} << 32;
-    const std::uint64_t escaped_bytes = backslashes << 1 | carried;
-    const auto doubtful_bytes = [&] {
-      return (stops & ~escaped_bytes) | (escaped_bytes & (not_short_escapes | backslashes));
-    };
-    std::uint64_t doubtful = doubtful_bytes();
-    // Plain ASCII steps (no stop) skip the UTF-8 check, unless a sequence
-    // is still open from the step before; `before` then keeps older bytes,
-    // whose last three were ASCII too, which is all the check reads of it.
-    if (doubtful != 0 || may_be_open) {
-      const std::uint64_t non_ascii =
-          static_cast<std::uint32_t>(_mm256_movemask_epi8(first_bytes)) |
-          std::uint64_t{static_cast<std::uint32_t>(_mm256_movemask_epi8(second_bytes))} << 32;
-      if (non_ascii != 0 || may_be_open) {
-        if (breaks_utf8_in_step(first_bytes, second_bytes, before)) {
-          if (carried != 0) return p - 1;
-          if (p != start) {
-            if (const char* open = open_utf8_sequence(p)) return open;
-          }
-          // Nothing in these 64 bytes but plain ASCII would leave the break
-          // after them.
-          return p + __builtin_ctzll(stops | backslashes | std::uint64_t{1} << 63);
-        }
-        before = second_bytes;
-        may_be_open = (non_ascii >> 61) != 0;
-        // Bytes from 0x80 up passed as UTF-8.
-        stops &= ~non_ascii;
-        doubtful = doubtful_bytes();
-      }
-      if (doubtful != 0) {
-        const auto at = static_cast<unsigned>(__builtin_ctzll(doubtful));
-        const std::uint64_t below = (std::uint64_t{1} << at) - 1;
-        escaped = escaped || (escaped_bytes & below) != 0;
-        // An escaped byte is looked at with its backslash (at p - 1 when
-        // carried).
-        return (escaped_bytes >> at & 1) != 0 ? p + at - 1 : p + at;
-      }
+  // The byte before `p` was read by the caller; a backslash there is one
+  // that a backslash escaped, and does not escape the byte at `p`, which
+  // the steps would take it to. Once that byte is past, no step starts
+  // after a backslash that is not an escape's first byte.
+  if (p < end && p[-1] == '\\') {
+    const auto c = static_cast<unsigned char>(*p);
+    if (c < 0x20 || c == '"' || c == '\\' || c >= 0x80) return p;
+    ++p;
+  }
+  if (end - p < 64) return skip_plain_string_bytes_sse2(p, end, escaped);
+  // The steps do not tell whether they passed an escape: a string they read
+  // is taken to hold one, which costs a long key or model a decode that
+  // gives back the same text.
+  escaped = true;
+  const __m256i all = _mm256_set1_epi8(-1);
+  const char* const last_step = end - 64;
+  const char* const last_pair = end - p >= 128 ? end - 128 : p - 1;
+  // Two steps are tested at once while they pass. From a pair that fails,
+  // steps go one at a time until one passes the first test again: text in
+  // another script fails every step, and would pay for a pair's test too.
+  bool one_at_a_time = false;
+  while (p <= last_step) {
+    if (!one_at_a_time) {
+      while (p <= last_pair && two_steps_pass_as_ascii(p)) p += 128;
+      if (p > last_step) break;
     }
-    escaped = escaped || escaped_bytes != 0;
-    carried = backslashes >> 63;
+    const StepBlock first = step_block(p);
+    const StepBlock second = step_block(p + 32);
+    __m256i first_passes = passing(first, plain_ascii(first.bytes));
+    __m256i second_passes = passing(second, plain_ascii(second.bytes));
+    if (_mm256_testc_si256(_mm256_and_si256(first_passes, second_passes), all) != 0) {
+      p += 64;
+      one_at_a_time = false;
+      continue;
+    }
+    one_at_a_time = true;
+    const std::uint64_t non_ascii =
+        static_cast<std::uint32_t>(_mm256_movemask_epi8(first.bytes)) |
+        std::uint64_t{static_cast<std::uint32_t>(_mm256_movemask_epi8(second.bytes))} << 32;
+    if (non_ascii != 0) {
+      if (breaks_utf8_in_step(first.bytes, second.bytes)) {
+        // An escape's byte first, read with its backslash; then nothing but
+        // plain ASCII would leave the break after it.
+        if (p[-1] == '\\') return p - 1;
+        while (static_cast<unsigned char>(*p) - 0x20u < 0x60u && *p != '"' && *p != '\\') ++p;
+        return p;
+      }
+      first_passes = passing(first, plain_or_high(first.bytes));
+      second_passes = passing(second, plain_or_high(second.bytes));
+    }
+    const std::uint64_t failing =
+        ~(static_cast<std::uint32_t>(_mm256_movemask_epi8(first_passes)) |
+          std::uint64_t{static_cast<std::uint32_t>(_mm256_movemask_epi8(second_passes))} << 32);
+    if (failing != 0) {
+      const char* stop = p + __builtin_ctzll(failing);
+      // An escaped byte is looked at with its backslash.
+      return stop[-1] == '\\' ? stop - 1 : stop;
+    }
     p += 64;
+    // A sequence the step's end cut is read again by the next, whole.
+    if ((non_ascii >> 61) != 0) {
+      if (const char* open = open_utf8_sequence(p)) p = open;
+    }
   }
-  if (carried != 0) return p - 1;
-  if (may_be_open) {
-    if (const char* open = open_utf8_sequence(p)) return open;
-  }
+  // An escape's first byte ends the steps: its second is read with it. (No
+  // backslash before `p` starts one unless a step passed it.)
+  if (p != end && p[-1] == '\\') return p - 1;
   return skip_plain_string_bytes_sse2(p, end, escaped);
 }
 #endif

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -277,14 +278,35 @@ TEST(RequestBody, EveryByteOfALongStringIsChecked) {
       {cjk_run() + "\"", false},
       {cjk_run() + "\x1f" + cjk_run(), false},
       {cjk_run() + "\xc3\xa9" + std::string(20, 'a') + cjk_run(), true},
+      // What the wide scan tells apart at the byte after a backslash: the
+      // escapes it steps over (\b, which shares a lookup entry with \", is
+      // left to the byte-wise code), and bytes no escape has, which it must
+      // leave to that code too, UTF-8 included.
+      {"\\r\\n\\t\\f\\/", true},
+      {"\\b\\\"", true},
+      {"\\'", false},
+      {"\\ux", false},
+      {"\\U0041", false},
+      {"\\\x01", false},
+      {"\\\x7f", false},
+      {"\\\xc3\xa9", false},
+      {"\\" + cjk_run(), false},
+      {"\\n\x80", false},
+      {"\\\"\xc3", false},
+      // After an escaped backslash, the next byte is no escape's: text in
+      // another script is read from there as text.
+      {"\\\\" + cjk_run(), true},
+      {"\\\\\xc3\xa9", true},
+      {"\\\\\x80", false},
   };
   for (const auto scan : string_scans()) {
     SCOPED_TRACE(scan == detail::StringScan::avx2 ? "64 bytes at a time" : "16 bytes at a time");
     for (const auto& test : cases) {
-      // Across the first two 64-byte blocks of the string and their ends.
-      for (std::size_t offset = 0; offset < 140; ++offset) {
+      // Across the first 16 bytes, tested alone, and the 64-byte steps
+      // after them (tested two at a time where 128 bytes are left).
+      for (std::size_t offset = 0; offset < 280; ++offset) {
         const std::string text =
-            std::string(offset, 'a') + test.inserted + std::string(140 - offset, 'b');
+            std::string(offset, 'a') + test.inserted + std::string(280 - offset, 'b');
         const std::string body = R"({"model":"m","messages":[{"role":"user","content":")" + text +
                                  R"("}],"stream":true})";
         auto inspected = detail::inspect_request_body(body, kMaxJsonDepth, scan);
@@ -293,6 +315,51 @@ TEST(RequestBody, EveryByteOfALongStringIsChecked) {
           EXPECT_TRUE(inspected.value().stream) << body;
         }
       }
+    }
+  }
+}
+
+// A pasted document has an escape every few dozen bytes, which the wide
+// scan steps over without leaving its vectors. A fault put at any offset of
+// such text, inside an escape or beside one, must be judged as the
+// sixteen-byte scan and a strict parser judge it.
+TEST(RequestBody, EscapesInEveryStepAreJudgedAsAStrictParserDoes) {
+  std::string document;
+  while (document.size() < 420) {
+    document +=
+        R"(lorem ipsum dolor sit amet, \"consectetur\" adipiscing elit, sed do eiusmod tempor\n)";
+  }
+  const std::vector<std::string> faults = {
+      // Escapes: invalid ones, ones left to the byte-wise code, ones the
+      // wide scan reads, backslashes that escape the text beside them.
+      "\\x", "\\'", "\\", "\\\\", "\\b", "\\r", "\\u00e9", "\\uD800", "\\u12", "n\\", "\\\"\\",
+      // A quote, which ends the string early; control bytes (DEL is none).
+      "\"", "\x01", "\x7f",
+      // UTF-8, whole and broken, and after a backslash or an escaped one.
+      "\x80", "\xc3\xa9", "\xe4\xb8", "\xc3", "\xf0\x9f\x98\x80", "\xed\xa0\x80", "\\\xc3\xa9",
+      "\\\\\xc3\xa9"};
+  for (const auto& fault : faults) {
+    // Past the first 16 bytes, through two pairs of 64-byte steps.
+    for (std::size_t at = 0; at < 300; ++at) {
+      const std::string body = R"({"model":"m","messages":[{"role":"user","content":")" +
+                               document.substr(0, at) + fault + document.substr(at) +
+                               R"("}],"stream":true})";
+      const bool strict = nlohmann::json::accept(body);
+      for (const auto scan : string_scans()) {
+        auto inspected = detail::inspect_request_body(body, kMaxJsonDepth, scan);
+        EXPECT_EQ(inspected.ok(), strict)
+            << "at " << at << (scan == detail::StringScan::avx2 ? " (64 at a time): " : ": ")
+            << body.substr(0, 60 + at + fault.size());
+        if (inspected.ok()) EXPECT_TRUE(inspected->stream);
+      }
+    }
+  }
+  // Whole, and cut short at each of its bytes: the steps end inside it.
+  for (std::size_t size = document.size() - 200; size <= document.size(); ++size) {
+    const std::string body = R"({"model":"m","x":")" + document.substr(0, size) + R"("})";
+    for (const auto scan : string_scans()) {
+      EXPECT_EQ(detail::is_valid_json(body, kMaxJsonDepth, scan), nlohmann::json::accept(body))
+          << "cut to " << size;
     }
   }
 }
@@ -311,13 +378,13 @@ TEST(RequestBody, ModelAndKeysAreReadDecoded) {
 TEST(RequestBody, ALongModelIsReadDecodedByEitherStringScan) {
   // Escapes well inside a 64-byte block, which the wide scan steps over
   // without stopping, must still have the name decoded.
-  const std::string plain(100, 'y');
-  for (const std::string& escape : {std::string("\\n"), std::string("\\/"), std::string("\\\"")}) {
-    for (std::size_t at : {5u, 40u, 62u, 63u, 64u, 90u}) {
+  const std::string plain(200, 'y');
+  for (const std::string& escape : {std::string("\\n"), std::string("\\/"), std::string("\\\""),
+                                    std::string("\\t"), std::string("\\\\")}) {
+    for (std::size_t at : {5u, 40u, 62u, 63u, 64u, 90u, 126u, 127u, 128u, 143u, 144u, 190u}) {
       const std::string literal = plain.substr(0, at) + escape + plain.substr(at);
-      const std::string decoded = plain.substr(0, at) +
-                                  std::string(1, escape[1] == 'n' ? '\n' : escape[1]) +
-                                  plain.substr(at);
+      const char escaped = escape[1] == 'n' ? '\n' : escape[1] == 't' ? '\t' : escape[1];
+      const std::string decoded = plain.substr(0, at) + escaped + plain.substr(at);
       for (const auto scan : string_scans()) {
         auto body =
             detail::inspect_request_body(R"({"model":")" + literal + R"("})", kMaxJsonDepth, scan);
@@ -326,6 +393,14 @@ TEST(RequestBody, ALongModelIsReadDecodedByEitherStringScan) {
             << "at " << at << (scan == detail::StringScan::avx2 ? " (64 at a time)" : "");
       }
     }
+  }
+  // None: the wide scan takes a string it steps through for one that may
+  // hold some, and the decode gives the name back as it is.
+  for (const auto scan : string_scans()) {
+    auto body =
+        detail::inspect_request_body(R"({"model":")" + plain + R"("})", kMaxJsonDepth, scan);
+    ASSERT_TRUE(body.ok());
+    EXPECT_EQ(body->model, plain);
   }
 }
 
