@@ -426,10 +426,10 @@ class Loader {
 };
 
 void Loader::read_server(const Located& at, Server& server) const {
-  MappingReader map(
-      at, {"listen", "threads", "max_body_bytes", "max_header_bytes", "header_timeout",
-           "body_timeout", "keepalive_timeout", "write_timeout", "max_connections", "admin_listen",
-           "admin_key", "drain_timeout", "busy_poll_us", "tls", "admin_tls"});
+  MappingReader map(at, {"listen", "threads", "max_body_bytes", "max_header_bytes",
+                         "header_timeout", "body_timeout", "keepalive_timeout", "write_timeout",
+                         "max_connections", "admin_listen", "admin_key", "drain_timeout",
+                         "busy_poll_us", "tls", "admin_tls", "memory_release_after"});
   if (auto value = map.get("listen")) {
     std::string text = read_string(*value);
     auto listen = parse_listen(text);
@@ -474,6 +474,14 @@ void Loader::read_server(const Located& at, Server& server) const {
   if (auto value = map.get("tls")) read_listener_tls(*value, server.tls);
   if (auto value = map.get("admin_tls")) read_listener_tls(*value, server.admin_tls);
   if (auto value = map.get("drain_timeout")) server.drain_timeout = read_positive_duration(*value);
+  if (auto value = map.get("memory_release_after")) {
+    server.memory_release_after = read_positive_duration(*value);
+    // Quiet is judged a second at a time; an hour is a typo for a minute.
+    if (server.memory_release_after < std::chrono::seconds(1) ||
+        server.memory_release_after > std::chrono::hours(1)) {
+      fail(*value, "must be between 1s and 1h");
+    }
+  }
   // More threads than this is a typo, not a machine.
   if (auto value = map.get("threads")) server.threads = read_uint(*value, 0, 1024);
   // Up to a second: beyond that the workers never sleep under any load
@@ -1521,6 +1529,7 @@ std::vector<std::string> start_only_changes(const Config& running, const Config&
   note(was.listen_host != now.listen_host || was.listen_port != now.listen_port, "server.listen");
   note(was.threads != now.threads, "server.threads");
   note(was.busy_poll != now.busy_poll, "server.busy_poll_us");
+  note(was.memory_release_after != now.memory_release_after, "server.memory_release_after");
   note(was.admin_enabled != now.admin_enabled ||
            (now.admin_enabled &&
             (was.admin_host != now.admin_host || was.admin_port != now.admin_port)),

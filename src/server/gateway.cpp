@@ -62,12 +62,13 @@ std::shared_ptr<const Snapshot> Snapshot::build(config::ConfigPtr config,
       append_json_string(model_literal, deployment.upstream_model);
       auto origin = upstream::Origin::from(deployment, config->upstream);
       const std::size_t transport = upstream::transport_for(origin);
-      auto& wiring = snapshot->deployments
-                         .emplace(&deployment, Snapshot::DeploymentWiring{
-                                                   std::move(origin), std::move(fields),
-                                                   std::move(model_literal),
-                                                   protocol::make_adapter(deployment), transport})
-                         .first->second;
+      auto& wiring =
+          snapshot->deployments
+              .emplace(&deployment,
+                       Snapshot::DeploymentWiring{std::move(origin), std::move(fields),
+                                                  std::move(model_literal),
+                                                  protocol::make_adapter(deployment), transport})
+              .first->second;
       if (config->state.shared() && has_shared_limits(deployment)) {
         wiring.shared_budget = shared_deployment_budget(config->state, deployment);
       }
@@ -457,26 +458,31 @@ net::awaitable<void> sweep_idle_connections(Worker& worker) {
 
 // Runs `hook` once `worker` has gone quiet after work: checked every
 // second, a worker is quiet when it took no client connection and no
-// upstream connection since the last check and has none in use. A worker
-// that stays busy never runs it, and a quiet one runs it once.
-net::awaitable<void> report_quiet(Worker& worker, const std::function<void()>& hook) {
+// upstream connection for longer than `quiet_for` and has none in use (a
+// second longer: what it freed last is then older than `quiet_for` too). A
+// worker that stays busy never runs it, and a quiet one runs it once.
+net::awaitable<void> report_quiet(Worker& worker, const std::function<void()>& hook,
+                                  std::chrono::milliseconds quiet_for) {
   net::steady_timer timer(worker.context());
   const auto& counters = worker.pool().counters();
   const auto work_done = [&] {
     return worker.connections_taken() + counters.opened.load(std::memory_order_relaxed) +
            counters.reused.load(std::memory_order_relaxed);
   };
+  constexpr auto kCheckEvery = std::chrono::seconds(1);
   std::uint64_t seen = work_done();
   bool worked = false;
+  std::chrono::milliseconds quiet{0};
   for (;;) {
-    timer.expires_after(std::chrono::seconds(1));
+    timer.expires_after(kCheckEvery);
     auto [ec] = co_await timer.async_wait(as_tuple(use_awaitable));
     if (ec) co_return;
     const std::uint64_t now = work_done();
-    if (now != seen) {
+    if (now != seen || counters.active.load(std::memory_order_relaxed) > 0) {
       seen = now;
       worked = true;
-    } else if (worked && counters.active.load(std::memory_order_relaxed) <= 0) {
+      quiet = std::chrono::milliseconds(0);
+    } else if (worked && (quiet += kCheckEvery) > quiet_for) {
       worked = false;
       hook();
     }
@@ -545,7 +551,8 @@ void Gateway::start() {
     net::co_spawn(worker->context(), sweep_idle_connections(*worker),
                   InternalErrorBarrier(*worker, "closing expired upstream connections"));
     if (quiet_hook_) {
-      net::co_spawn(worker->context(), report_quiet(*worker, quiet_hook_),
+      net::co_spawn(worker->context(),
+                    report_quiet(*worker, quiet_hook_, config->server.memory_release_after),
                     InternalErrorBarrier(*worker, "reporting a quiet worker"));
     }
     worker->thread_ = std::thread([&worker = *worker, busy_poll = config->server.busy_poll] {

@@ -29,6 +29,7 @@ TEST(ObservabilityConfig, Defaults) {
   EXPECT_EQ(server.admin_port, 9090);
   EXPECT_EQ(server.admin_key, "");
   EXPECT_EQ(server.drain_timeout, milliseconds(30000));
+  EXPECT_EQ(server.memory_release_after, milliseconds(60000));
 
   EXPECT_EQ(config->log.level, "info");
   EXPECT_EQ(config->log.format, "json");
@@ -46,6 +47,7 @@ TEST(ObservabilityConfig, EveryKeyParsed) {
       "  admin_listen: \"[::1]:9191\"\n"
       "  admin_key: ${ADMIN_KEY}\n"
       "  drain_timeout: 1.5s\n"
+      "  memory_release_after: 10s\n"
       "log:\n"
       "  level: warn\n"
       "  format: text\n"
@@ -62,6 +64,7 @@ TEST(ObservabilityConfig, EveryKeyParsed) {
   EXPECT_EQ(server.admin_port, 9191);
   EXPECT_EQ(server.admin_key, "admin-secret");
   EXPECT_EQ(server.drain_timeout, milliseconds(1500));
+  EXPECT_EQ(server.memory_release_after, milliseconds(10000));
 
   EXPECT_EQ(config->log.level, "warn");
   EXPECT_EQ(config->log.format, "text");
@@ -135,6 +138,13 @@ TEST(ObservabilityConfigErrors, BadDrainTimeout) {
                "must be greater than zero");
   expect_error("server:\n  drain_timeout: 30\n" + kOneModel, "server.drain_timeout", 2,
                "needs a unit");
+}
+
+TEST(ObservabilityConfigErrors, MemoryReleaseAfterOutOfRange) {
+  expect_error("server:\n  memory_release_after: 500ms\n" + kOneModel,
+               "server.memory_release_after", 2, "must be between 1s and 1h");
+  expect_error("server:\n  memory_release_after: 2h\n" + kOneModel,
+               "server.memory_release_after", 2, "must be between 1s and 1h");
 }
 
 TEST(ObservabilityConfigErrors, BadLogFormat) {

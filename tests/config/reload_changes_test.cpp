@@ -49,6 +49,7 @@ TEST(StartOnlyChanges, NamesEachSettingTakenAtStart) {
       {"  listen:", "  listen: 0.0.0.0:8080", "server.listen"},
       {"  threads:", "  threads: 4", "server.threads"},
       {"  threads:", "  threads: 2\n  busy_poll_us: 50", "server.busy_poll_us"},
+      {"  threads:", "  threads: 2\n  memory_release_after: 5s", "server.memory_release_after"},
       {"  admin_listen:", "  admin_listen: 127.0.0.1:9191", "server.admin_listen"},
       {"  admin_listen:", "  admin_listen: off", "server.admin_listen"},
       {"  max_idle_per_origin:", "  max_idle_per_origin: 8", "upstream.max_idle_per_origin"},

@@ -188,6 +188,10 @@ struct Server {
   ListenerTls tls;                // on the client listener
   ListenerTls admin_tls;          // on the admin listener
   Duration drain_timeout{30000};  // how long in-flight requests may finish on shutdown
+  // Memory a burst freed is kept this long for the next one, and given back
+  // once a worker has been quiet this long: faulting it in again costs each
+  // stream of a burst several page faults.
+  Duration memory_release_after{60000};
 };
 
 struct Upstream {
