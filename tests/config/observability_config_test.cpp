@@ -143,8 +143,8 @@ TEST(ObservabilityConfigErrors, BadDrainTimeout) {
 TEST(ObservabilityConfigErrors, MemoryReleaseAfterOutOfRange) {
   expect_error("server:\n  memory_release_after: 500ms\n" + kOneModel,
                "server.memory_release_after", 2, "must be between 1s and 1h");
-  expect_error("server:\n  memory_release_after: 2h\n" + kOneModel,
-               "server.memory_release_after", 2, "must be between 1s and 1h");
+  expect_error("server:\n  memory_release_after: 2h\n" + kOneModel, "server.memory_release_after",
+               2, "must be between 1s and 1h");
 }
 
 TEST(ObservabilityConfigErrors, BadLogFormat) {
