@@ -2008,12 +2008,7 @@ class H2Connection final : public ConnectionHandle,
   // Sleeps unless the stream or the connection ends first. False once
   // either is gone.
   awaitable<bool> pause(H2Stream& stream, Clock::duration duration) {
-    if (stream.closed || closed_) co_return false;
-    if (duration > Clock::duration::zero()) {
-      stream.timer.expires_after(duration);
-      co_await stream.timer.async_wait(use_tuple);
-    }
-    co_return !stream.closed && !closed_;
+    return pause_until(stream, Clock::now() + duration);
   }
 
   // Sleeps until `due` (not at all once it has passed) unless the stream or
@@ -2693,13 +2688,7 @@ class Connection final : public ConnectionHandle,
   }
 
   // Sleeps unless the connection closes first. False once it is gone.
-  awaitable<bool> pause(Clock::duration duration) {
-    if (closed_) co_return false;
-    if (duration <= Clock::duration::zero()) co_return true;
-    sleep_timer_.expires_after(duration);
-    co_await sleep_timer_.async_wait(use_tuple);
-    co_return !closed_;
-  }
+  awaitable<bool> pause(Clock::duration duration) { return pause_until(Clock::now() + duration); }
 
   // Sleeps until `due` (not at all once it has passed) unless the
   // connection closes first. False once it is gone.
