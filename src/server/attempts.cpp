@@ -83,7 +83,7 @@ net::awaitable<bool> admitted_by_shared_limits(Worker& worker, AttemptTask& task
                                                std::shared_ptr<const Snapshot> snapshot) {
   WorkerState& shared = *worker.shared_state();
   const SharedDeploymentVerdict verdict = co_await take_shared_deployment_limits(
-      shared, *task.attempt.deployment, task.wiring->shared_budget, snapshot, task.shared_lease);
+      shared, task.wiring->shared_budget, snapshot, task.shared_lease);
   if (verdict == SharedDeploymentVerdict::at_limit ||
       (verdict == SharedDeploymentVerdict::unavailable &&
        shared.settings().on_unavailable == config::State::OnUnavailable::deny)) {
@@ -421,7 +421,7 @@ net::awaitable<AttemptsOutcome> run_attempts(RequestContext& context, AttemptsCa
         shared != nullptr && has_shared_limits(*attempt->deployment)) {
       const config::Deployment& deployment = *attempt->deployment;
       const SharedDeploymentVerdict verdict = co_await take_shared_deployment_limits(
-          *shared, deployment, context.snapshot->wiring(deployment).shared_budget, context.snapshot,
+          *shared, context.snapshot->wiring(deployment).shared_budget, context.snapshot,
           shared_lease);
       if (verdict == SharedDeploymentVerdict::at_limit) {
         // Full across the instances: another deployment may take it.

@@ -43,7 +43,7 @@ SharedBudget shared_budget(const config::State& settings, const std::string& tag
   const GcraRate requests(rpm);
   return {prefix + "rpm:" + std::to_string(rpm),
           prefix + "tpm:" + std::to_string(tpm),
-          prefix + "par:" + std::to_string(max_parallel),
+          prefix + "held:" + std::to_string(max_parallel),
           std::to_string(requests.interval_ns),
           std::to_string(requests.window_ns),
           std::to_string(max_parallel),
@@ -78,19 +78,12 @@ net::awaitable<Next> take_shared_limits(RequestContext& context, RequestJob& job
     const SharedBudget& budget = context.snapshot->key_budget(key);
     const auth::KeyLimits* live = stage.limiters().find(key.name);
     const std::uint64_t estimate = admission.reserved_tokens();
-    std::string lease_id = limits.max_parallel > 0 ? shared->next_lease_id() : std::string();
     const std::string cost =
         std::to_string(limits.tpm > 0 && estimate > 0 ? live->tokens.cost_ns(estimate) : 0);
     const bool tpm_limited = limits.tpm > 0;
-    auto answer = co_await shared->admit(budget, context.snapshot, tpm_limited, cost, lease_id);
+    auto answer = co_await shared->admit(budget, context.snapshot, tpm_limited, cost);
     verdict = verdict_of(answer);
-    if (verdict && verdict->refused == auth::SharedVerdict::Refused::none &&
-        limits.max_parallel > 0) {
-      job.shared_lease = std::make_unique<SharedLease>();
-      job.shared_lease->set = budget.parallel_key;
-      job.shared_lease->id = std::move(lease_id);
-      shared->hold(*job.shared_lease);
-    }
+    if (answer) job.shared_lease = std::move(answer->permit);
   }
 
   if (verdict) {
@@ -109,24 +102,17 @@ net::awaitable<Next> take_shared_limits(RequestContext& context, RequestJob& job
 }
 
 net::awaitable<SharedDeploymentVerdict> take_shared_deployment_limits(
-    WorkerState& shared, const config::Deployment& deployment, const SharedBudget& budget,
+    WorkerState& shared, const SharedBudget& budget,
     const std::shared_ptr<const Snapshot>& keep_alive, std::unique_ptr<SharedLease>& lease) {
   if (!shared.redis().up()) co_return SharedDeploymentVerdict::unavailable;
-  const bool leased = deployment.max_parallel > 0 && !deployment.max_parallel_auto;
-  std::string lease_id = leased ? shared.next_lease_id() : std::string();
   // No tpm here: the budget's tpm key is never read.
-  auto answer = co_await shared.admit(budget, keep_alive, false, "0", lease_id);
+  auto answer = co_await shared.admit(budget, keep_alive, false, "0");
   auto verdict = verdict_of(answer);
   if (!verdict) co_return SharedDeploymentVerdict::unavailable;
   if (verdict->refused != auth::SharedVerdict::Refused::none) {
     co_return SharedDeploymentVerdict::at_limit;
   }
-  if (leased) {
-    lease = std::make_unique<SharedLease>();
-    lease->set = budget.parallel_key;
-    lease->id = std::move(lease_id);
-    shared.hold(*lease);
-  }
+  lease = std::move(answer->permit);
   co_return SharedDeploymentVerdict::admitted;
 }
 

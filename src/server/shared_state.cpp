@@ -19,7 +19,11 @@ WorkerState::WorkerState(net::io_context& context, const config::State& settings
     : settings_(settings),
       redis_(context, settings.redis, status, seed),
       renewal_(context),
-      instance_(seed) {}
+      instance_(seed) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(instance_));
+  holder_ = text;
+}
 
 void WorkerState::start() {
   redis_.start();
@@ -32,22 +36,13 @@ void WorkerState::stop() {
   redis_.stop();
 }
 
-std::string WorkerState::next_lease_id() {
-  char text[40];
-  int length =
-      std::snprintf(text, sizeof text, "%016llx.%llx", static_cast<unsigned long long>(instance_),
-                    static_cast<unsigned long long>(++next_lease_));
-  return std::string(text, static_cast<std::size_t>(length));
-}
-
 SharedLease::~SharedLease() {
-  if (held() && owner != nullptr) owner->release(*this);
+  if (held()) owner_->settle(*budget_, keep_alive_, 0, this);
 }
 
-void WorkerState::release(SharedLease& lease) {
-  lease.hook.unlink();
-  std::array<std::string_view, 3> remove{"ZREM", lease.set, lease.id};
-  redis_.send(remove);
+long WorkerState::permits_held(const std::string& parallel_key) const {
+  auto found = permits_.find(parallel_key);
+  return found == permits_.end() ? 0 : found->second;
 }
 
 namespace {
@@ -76,40 +71,46 @@ std::array<std::string_view, 3> budget_keys(const SharedBudget& budget) {
   return {budget.rpm_key, budget.tpm_key, budget.parallel_key};
 }
 
-// Starts a budget_script call's arguments: the budget's fixed ones, then
-// `settlements` (counted into `count`, which `args` points into); the
-// requests to judge, if any, go after them.
-template <class Settlements>
+bool has_permits(const SharedBudget& budget) { return budget.max_parallel != "0"; }
+
+// The numbers a budget_script call's arguments point into.
+struct CallNumbers {
+  std::string permits;
+  std::string settlements;
+};
+
+// Starts a budget_script call's arguments: the budget's fixed ones, this
+// worker's entry (`holder`) and its count of permits, then `settlements`;
+// the requests to judge, if any, go after them.
 void begin_budget_call(const SharedBudget& budget, std::string_view tpm_limited,
-                       const Settlements& settlements, std::string& count,
+                       std::string_view holder, long permits,
+                       const std::vector<std::string>& settlements, CallNumbers& numbers,
                        std::vector<std::string_view>& args) {
-  count = std::to_string(settlements.size());
+  numbers.permits = std::to_string(permits);
+  numbers.settlements = std::to_string(settlements.size());
   args.assign({budget.interval_ns, budget.window_ns, tpm_limited, budget.max_parallel,
-               budget.lease_ttl_ms, kMostSharedDebtNs, count});
-  for (const auto& settlement : settlements) {
-    args.push_back(settlement.delta_ns);
-    args.push_back(settlement.lease_id);
-  }
+               budget.lease_ttl_ms, kMostSharedDebtNs, holder, numbers.permits,
+               numbers.settlements});
+  args.insert(args.end(), settlements.begin(), settlements.end());
 }
 
 }  // namespace
 
 struct WorkerState::AdmitWaiter {
-  AdmitWaiter(const net::any_io_executor& executor, std::string_view cost,
-              std::string_view lease_id)
-      : cost(cost), lease_id(lease_id), wake(executor) {}
+  AdmitWaiter(const net::any_io_executor& executor, std::string_view cost)
+      : cost(cost), wake(executor) {}
   std::string cost;
-  std::string lease_id;
   std::optional<AdmitAnswer> answer;
   net::steady_timer wake;  // cancelled when the answer is in, or is not coming
 };
 
 net::awaitable<std::optional<AdmitAnswer>> WorkerState::admit(
     const SharedBudget& budget, const std::shared_ptr<const Snapshot>& keep_alive, bool tpm_limited,
-    std::string_view cost, std::string_view lease_id) {
+    std::string_view cost) {
   // Shared with the call that answers it: a request that stops waiting
-  // leaves nothing behind that the answer would write to.
-  auto waiter = std::make_shared<AdmitWaiter>(renewal_.get_executor(), cost, lease_id);
+  // leaves nothing behind that the answer would write to, and a permit it
+  // would have held is given back with the waiter.
+  auto waiter = std::make_shared<AdmitWaiter>(renewal_.get_executor(), cost);
   auto [queue, first] = admits_.try_emplace(&budget);
   queue->second.waiting.push_back(waiter);
   if (first) {
@@ -121,13 +122,13 @@ net::awaitable<std::optional<AdmitAnswer>> WorkerState::admit(
   }
   waiter->wake.expires_at(net::steady_timer::time_point::max());
   co_await waiter->wake.async_wait(net::as_tuple(net::use_awaitable));
-  co_return waiter->answer;
+  co_return std::move(waiter->answer);
 }
 
 net::awaitable<void> WorkerState::send_admits(const SharedBudget* budget) {
   std::vector<std::shared_ptr<AdmitWaiter>> batch;
-  std::vector<Settlement> riding;
-  std::string riding_count;
+  std::vector<std::string> riding;
+  CallNumbers numbers;
   std::vector<std::string_view> args;
   for (;;) {
     auto queue = admits_.find(budget);
@@ -135,7 +136,7 @@ net::awaitable<void> WorkerState::send_admits(const SharedBudget* budget) {
       admits_.erase(queue);
       // Settlements that waited for this call's end go on their own.
       if (auto parked = settlements_.find(budget);
-          parked != settlements_.end() && parked->second.in_flight.empty()) {
+          parked != settlements_.end() && !parked->second.calling) {
         send_settlements(parked->second);
       }
       co_return;
@@ -144,19 +145,20 @@ net::awaitable<void> WorkerState::send_admits(const SharedBudget* budget) {
     // The budget's settlements ride along, unless a call of their own is
     // out: one script for both, ahead of the admissions, as they came.
     if (auto parked = settlements_.find(budget);
-        parked != settlements_.end() && parked->second.in_flight.empty()) {
+        parked != settlements_.end() && !parked->second.calling) {
       take_batch(parked->second.waiting, riding);
+      // The call writes the count of permits as it stands.
+      parked->second.permits_given_back = false;
       if (parked->second.waiting.empty()) settlements_.erase(parked);
     }
     // The budget lives while the call is in flight, whatever its requests
     // do meanwhile.
     const std::shared_ptr<const Snapshot> keep_alive = queue->second.keep_alive;
     const auto keys = budget_keys(*budget);
-    begin_budget_call(*budget, queue->second.tpm_limited ? "1" : "0", riding, riding_count, args);
-    for (const auto& waiter : batch) {
-      args.push_back(waiter->cost);
-      args.push_back(waiter->lease_id);
-    }
+    const bool permits = has_permits(*budget);
+    begin_budget_call(*budget, queue->second.tpm_limited ? "1" : "0", holder_,
+                      permits ? permits_held(budget->parallel_key) : 0, riding, numbers, args);
+    for (const auto& waiter : batch) args.push_back(waiter->cost);
     auto reply = co_await redis_.eval(state::budget_script(), keys, args);
     riding.clear();
     const bool whole = reply && reply->type == state::Reply::Type::array &&
@@ -168,7 +170,15 @@ net::awaitable<void> WorkerState::send_admits(const SharedBudget* budget) {
         if (triple[0].type == state::Reply::Type::integer &&
             triple[1].type == state::Reply::Type::integer &&
             triple[2].type == state::Reply::Type::integer) {
-          waiter.answer = AdmitAnswer{triple[0].integer, triple[1].integer, triple[2].integer};
+          waiter.answer = AdmitAnswer{triple[0].integer, triple[1].integer, triple[2].integer, {}};
+          // Redis counted the permit in this worker's entry: it is counted
+          // here before anything else is sent for the budget.
+          if (permits && triple[0].integer == 0) {
+            long& count = permits_[budget->parallel_key];
+            ++count;
+            waiter.answer->permit =
+                std::make_unique<SharedLease>(*this, *budget, keep_alive, count);
+          }
         }
       }
       waiter.wake.cancel();
@@ -180,13 +190,16 @@ net::awaitable<void> WorkerState::send_admits(const SharedBudget* budget) {
 void WorkerState::settle(const SharedBudget& budget,
                          const std::shared_ptr<const Snapshot>& keep_alive, std::int64_t delta_ns,
                          SharedLease* lease) {
-  auto [queue, first] = settlements_.try_emplace(&budget);
-  Settlement settlement{std::to_string(delta_ns), {}};
-  if (lease != nullptr) {
-    settlement.lease_id = std::move(lease->id);
-    forget(*lease);
+  if (lease != nullptr && lease->held()) {
+    if (--*lease->count_ == 0) permits_.erase(lease->budget_->parallel_key);
+    lease->count_ = nullptr;
+  } else {
+    lease = nullptr;
   }
-  queue->second.waiting.push_back(std::move(settlement));
+  if (stopped_ || (delta_ns == 0 && lease == nullptr)) return;
+  auto [queue, first] = settlements_.try_emplace(&budget);
+  if (delta_ns != 0) queue->second.waiting.push_back(std::to_string(delta_ns));
+  if (lease != nullptr) queue->second.permits_given_back = true;
   if (first) {
     queue->second.owner = this;
     queue->second.budget = &budget;
@@ -202,14 +215,20 @@ void WorkerState::settle(const SharedBudget& budget,
 // with the next one, or on their own once it ends (send_admits).
 void WorkerState::send_settlements(SettleQueue& queue) {
   std::vector<std::string_view> args;
-  std::string count;
-  while (!queue.waiting.empty()) {
+  CallNumbers numbers;
+  while (!queue.waiting.empty() || queue.permits_given_back) {
     if (admits_.contains(queue.budget)) return;
     take_batch(queue.waiting, queue.in_flight);
-    begin_budget_call(*queue.budget, "0", queue.in_flight, count, args);
+    queue.permits_given_back = false;
+    const bool permits = has_permits(*queue.budget);
+    begin_budget_call(*queue.budget, "0", holder_,
+                      permits ? permits_held(queue.budget->parallel_key) : 0, queue.in_flight,
+                      numbers, args);
     if (redis_.send_eval(state::budget_script(), budget_keys(*queue.budget), args,
-                         state::Completion{&settlements_sent, &queue}))
+                         state::Completion{&settlements_sent, &queue})) {
+      queue.calling = true;
       return;
+    }
     // Redis is away: what could not be sent is lost, as a lost reply is.
     queue.in_flight.clear();
   }
@@ -219,6 +238,7 @@ void WorkerState::send_settlements(SettleQueue& queue) {
 void WorkerState::settlements_sent(void* queue) {
   auto& sent = *static_cast<SettleQueue*>(queue);
   sent.in_flight.clear();
+  sent.calling = false;
   sent.owner->send_settlements(sent);
 }
 
@@ -230,14 +250,10 @@ net::awaitable<void> WorkerState::renew_leases() {
     renewal_.expires_after(settings_.lease_ttl / 3);
     co_await renewal_.async_wait(net::as_tuple(net::use_awaitable));
     if (stopped_) break;
-    if (leases_.empty()) continue;
+    if (permits_.empty()) continue;
     keys.clear();
-    args.clear();
-    args.push_back(ttl);
-    for (const SharedLease& lease : leases_) {
-      keys.push_back(lease.set);
-      args.push_back(lease.id);
-    }
+    for (const auto& held : permits_) keys.push_back(held.first);
+    args.assign({ttl, holder_});
     redis_.send_eval(state::renew_script(), keys, args);
   }
 }

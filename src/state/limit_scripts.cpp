@@ -38,9 +38,9 @@ std::string with_clock(std::string_view body, std::string_view tail = {}) {
 const Script& budget_script() {
   // Settlements move the tpm TAT in turn, each from where the one before
   // left it; then the requests are judged in their order, each against the
-  // TATs and the lease count the ones before it left: the answers of one
-  // call for N requests are those of N calls at the same instant. The keys
-  // are read and written once per call.
+  // TATs and the permits the ones before it left: the answers of one call
+  // for N requests are those of N calls at the same instant. The keys are
+  // read and written once per call.
   static const Script script(with_clock(R"lua(
 local interval = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
@@ -48,42 +48,46 @@ local tpm_on = ARGV[3] == '1'
 local max_parallel = tonumber(ARGV[4])
 local ttl = tonumber(ARGV[5])
 local most = tonumber(ARGV[6])
-local first_request = 8 + 2 * tonumber(ARGV[7])
+local holder = ARGV[7]
+local mine = tonumber(ARGV[8])
+local first_request = 10 + tonumber(ARGV[9])
 local tpm_owed = nil
 local tpm_moved = false
-local given_back = {}
-for i = 8, first_request - 1, 2 do
+for i = 10, first_request - 1 do
   local delta = tonumber(ARGV[i])
-  if delta ~= 0 then
-    if tpm_owed == nil then tpm_owed = owed(KEYS[2]) end
-    tpm_owed = tpm_owed + delta
-    if tpm_owed < 0 then tpm_owed = 0 end
-    if tpm_owed > most then tpm_owed = most end
-    tpm_moved = true
-  end
-  if ARGV[i + 1] ~= '' then given_back[#given_back + 1] = ARGV[i + 1] end
+  if tpm_owed == nil then tpm_owed = owed(KEYS[2]) end
+  tpm_owed = tpm_owed + delta
+  if tpm_owed < 0 then tpm_owed = 0 end
+  if tpm_owed > most then tpm_owed = most end
+  tpm_moved = true
 end
-if #given_back > 0 then redis.call('ZREM', KEYS[3], unpack(given_back)) end
 local out = {}
 if first_request <= #ARGV then
   local rpm_owed = 0
   if interval > 0 then rpm_owed = owed(KEYS[1]) end
   if tpm_owed == nil and tpm_on then tpm_owed = owed(KEYS[2]) end
-  local held = 0
-  if max_parallel > 0 then held = redis.call('ZCARD', KEYS[3]) end
-  local cleared = false
+  local held = mine
+  if max_parallel > 0 then
+    -- The other holders' counts, those whose holder renewed them in time;
+    -- an entry past its expiry is an instance that died, and goes.
+    local entries = redis.call('HGETALL', KEYS[3])
+    local expired = {}
+    for i = 1, #entries, 2 do
+      if entries[i] ~= holder then
+        local count, expiry = string.match(entries[i + 1], '^(%d+) (%d+)$')
+        if count and tonumber(expiry) > now_ms then
+          held = held + tonumber(count)
+        else
+          expired[#expired + 1] = entries[i]
+        end
+      end
+    end
+    if #expired > 0 then redis.call('HDEL', KEYS[3], unpack(expired)) end
+  end
   local rpm_moved = false
-  local leases = {}
-  for i = first_request, #ARGV, 2 do
+  for i = first_request, #ARGV do
     local cost = tonumber(ARGV[i])
     local refused = 0
-    if max_parallel > 0 and held >= max_parallel and not cleared then
-      -- Expired leases (of an instance that died) matter only when they
-      -- would refuse: they are cleared then, not on every request.
-      redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms)
-      held = redis.call('ZCARD', KEYS[3]) + #leases / 2
-      cleared = true
-    end
     if max_parallel > 0 and held >= max_parallel then
       refused = 1
     elseif interval > 0 and rpm_owed + interval > window then
@@ -104,19 +108,22 @@ if first_request <= #ARGV then
         tpm_moved = true
       end
       if max_parallel > 0 then
-        leases[#leases + 1] = now_ms + ttl
-        leases[#leases + 1] = ARGV[i + 1]
         held = held + 1
+        mine = mine + 1
       end
     end
   end
   if rpm_moved then store(KEYS[1], rpm_owed) end
-  if #leases > 0 then
-    redis.call('ZADD', KEYS[3], unpack(leases))
-    redis.call('PEXPIRE', KEYS[3], ttl)
-  end
 end
 if tpm_moved then store(KEYS[2], tpm_owed) end
+if max_parallel > 0 then
+  if mine > 0 then
+    redis.call('HSET', KEYS[3], holder, string.format('%d %d', mine, now_ms + ttl))
+    redis.call('PEXPIRE', KEYS[3], ttl)
+  else
+    redis.call('HDEL', KEYS[3], holder)
+  end
+end
 return out
 )lua"));
   return script;
@@ -125,9 +132,12 @@ return out
 const Script& renew_script() {
   static const Script script(with_clock(R"lua(
 local ttl = tonumber(ARGV[1])
-for i, key in ipairs(KEYS) do
-  if redis.call('ZSCORE', key, ARGV[i + 1]) then
-    redis.call('ZADD', key, now_ms + ttl, ARGV[i + 1])
+local holder = ARGV[2]
+for _, key in ipairs(KEYS) do
+  local entry = redis.call('HGET', key, holder)
+  if entry then
+    local count = string.match(entry, '^(%d+) ')
+    redis.call('HSET', key, holder, count .. ' ' .. string.format('%d', now_ms + ttl))
     redis.call('PEXPIRE', key, ttl)
   end
 end

@@ -90,21 +90,16 @@ net::awaitable<bool> until(net::io_context& context, const std::function<bool()>
   co_return condition();
 }
 
-// Admits `count` requests of `budget` one call at a time, each holding a
-// lease named `prefix` and its number.
+// Admits `count` requests of `budget` one call at a time, and holds their
+// permits.
 net::awaitable<std::vector<std::unique_ptr<server::SharedLease>>> held_leases(
-    server::WorkerState& worker, const server::SharedBudget& budget, const std::string& prefix,
-    int count) {
+    server::WorkerState& worker, const server::SharedBudget& budget, int count) {
   const std::shared_ptr<const server::Snapshot> no_snapshot;
   std::vector<std::unique_ptr<server::SharedLease>> leases;
   for (int i = 0; i < count; ++i) {
-    auto lease = std::make_unique<server::SharedLease>();
-    lease->set = budget.parallel_key;
-    lease->id = prefix + std::to_string(i);
-    auto answer = co_await worker.admit(budget, no_snapshot, false, "0", lease->id);
-    EXPECT_TRUE(answer && answer->refused == 0);
-    worker.hold(*lease);
-    leases.push_back(std::move(lease));
+    auto answer = co_await worker.admit(budget, no_snapshot, false, "0");
+    EXPECT_TRUE(answer && answer->refused == 0 && answer->permit);
+    if (answer) leases.push_back(std::move(answer->permit));
   }
   co_return leases;
 }
@@ -119,7 +114,7 @@ TEST(SharedBatches, AdmitsThatComeDuringACallGoTogetherWithTheAnswersOfSeparateC
   with_worker(
       redis, [&](server::WorkerState& worker, net::io_context& context) -> net::awaitable<void> {
         // The script is loaded, and counted from here.
-        co_await worker.admit(warm, no_snapshot, false, "0", "");
+        co_await worker.admit(warm, no_snapshot, false, "0");
         redis.command({"CONFIG", "RESETSTAT"});
 
         // Eight requests of one budget at once: rpm 3 lets three in (within
@@ -130,8 +125,7 @@ TEST(SharedBatches, AdmitsThatComeDuringACallGoTogetherWithTheAnswersOfSeparateC
           net::co_spawn(
               context,
               [&, i]() -> net::awaitable<void> {
-                const std::string lease = "together-" + std::to_string(i);
-                batched[i] = co_await worker.admit(together, no_snapshot, false, "0", lease);
+                batched[i] = co_await worker.admit(together, no_snapshot, false, "0");
                 ++answered;
               },
               net::detached);
@@ -144,8 +138,7 @@ TEST(SharedBatches, AdmitsThatComeDuringACallGoTogetherWithTheAnswersOfSeparateC
 
         std::vector<std::optional<server::AdmitAnswer>> separate;
         for (int i = 0; i < 8; ++i) {
-          const std::string lease = "apart-" + std::to_string(i);
-          separate.push_back(co_await worker.admit(apart, no_snapshot, false, "0", lease));
+          separate.push_back(co_await worker.admit(apart, no_snapshot, false, "0"));
         }
         EXPECT_EQ(scripts_run(redis) - batched_calls, 8);
 
@@ -163,7 +156,11 @@ TEST(SharedBatches, AdmitsThatComeDuringACallGoTogetherWithTheAnswersOfSeparateC
           EXPECT_LE(batched[i]->rpm_owed_ns, admitted_before * interval) << i;
           EXPECT_GT(batched[i]->rpm_owed_ns, admitted_before * interval - 1'000'000'000) << i;
         }
-        EXPECT_EQ(redis.command({"ZCARD", together.parallel_key}), ":3\r\n");
+        // The three admitted hold their permits, counted as one entry of the
+        // worker's in Redis.
+        EXPECT_EQ(permits_in(redis, together.parallel_key), 3);
+        EXPECT_EQ(worker.permits_held(together.parallel_key), 3);
+        EXPECT_EQ(redis.command({"HLEN", together.parallel_key}), ":1\r\n");
       });
 }
 
@@ -175,8 +172,8 @@ TEST(SharedBatches, SettlementsThatComeDuringACallGoTogetherMovingTheTatInTurn) 
   const std::shared_ptr<const server::Snapshot> no_snapshot;
   with_worker(
       redis, [&](server::WorkerState& worker, net::io_context& context) -> net::awaitable<void> {
-        auto leases = co_await held_leases(worker, budget, "settled-", 4);
-        EXPECT_EQ(redis.command({"ZCARD", budget.parallel_key}), ":4\r\n");
+        auto leases = co_await held_leases(worker, budget, 4);
+        EXPECT_EQ(permits_in(redis, budget.parallel_key), 4);
         // The script is loaded, and counted from here.
         worker.settle(warm, no_snapshot, 0, nullptr);
         worker.settle(warm, no_snapshot, 1, nullptr);
@@ -194,7 +191,7 @@ TEST(SharedBatches, SettlementsThatComeDuringACallGoTogetherMovingTheTatInTurn) 
         worker.settle(budget, no_snapshot, 3'000'000'000, leases[3].get());
         for (const auto& lease : leases) EXPECT_FALSE(lease->held());
         EXPECT_TRUE(co_await until(context, [&] {
-          return redis.command({"ZCARD", budget.parallel_key}) == ":0\r\n";
+          return redis.command({"EXISTS", budget.parallel_key}) == ":0\r\n";
         }));
         EXPECT_EQ(scripts_run(redis), 2) << redis.command({"INFO", "commandstats"});
         // The TAT is stored as seconds and nine digits of nanoseconds.
@@ -218,56 +215,123 @@ TEST(SharedBatches, SettlementsWaitingForAnAdmissionCallRideWithTheNextOne) {
   RedisServer redis;
   const auto budget = budget_of("riding", 60, 10);
   const std::shared_ptr<const server::Snapshot> no_snapshot;
+  with_worker(
+      redis, [&](server::WorkerState& worker, net::io_context& context) -> net::awaitable<void> {
+        auto leases = co_await held_leases(worker, budget, 3);
+        redis.command({"CONFIG", "RESETSTAT"});
+        // An admission goes at once; two settlements and a second admission
+        // come while it is in flight. The settlements wait for it and go in
+        // the second admission's call, ahead of it: two scripts, not three.
+        int answered = 0;
+        std::optional<server::AdmitAnswer> first;
+        std::optional<server::AdmitAnswer> second;
+        net::co_spawn(
+            context,
+            [&]() -> net::awaitable<void> {
+              first = co_await worker.admit(budget, no_snapshot, true, "0");
+              ++answered;
+            },
+            net::detached);
+        worker.settle(budget, no_snapshot, 4'000'000'000, leases[0].get());
+        worker.settle(budget, no_snapshot, 0, leases[1].get());
+        net::co_spawn(
+            context,
+            [&]() -> net::awaitable<void> {
+              second = co_await worker.admit(budget, no_snapshot, true, "0");
+              ++answered;
+            },
+            net::detached);
+        EXPECT_TRUE(co_await until(context, [&] { return answered == 2; }));
+        EXPECT_EQ(scripts_run(redis), 2) << redis.command({"INFO", "commandstats"});
+        if (!first || !second) {
+          ADD_FAILURE() << "an admission had no answer";
+          co_return;
+        }
+        EXPECT_EQ(first->refused, 0);
+        EXPECT_EQ(second->refused, 0);
+        // The first was judged before the refund was owed, the second after.
+        EXPECT_EQ(first->tpm_owed_ns, 0);
+        EXPECT_GT(second->tpm_owed_ns, 3'000'000'000);
+        EXPECT_LE(second->tpm_owed_ns, 4'000'000'000);
+        // Two permits given back, two taken: the third held, and the
+        // two new ones.
+        EXPECT_EQ(permits_in(redis, budget.parallel_key), 3);
+        EXPECT_EQ(worker.permits_held(budget.parallel_key), 3);
+
+        // With no admission in flight, a settlement goes on its own at once.
+        redis.command({"CONFIG", "RESETSTAT"});
+        worker.settle(budget, no_snapshot, 0, leases[2].get());
+        EXPECT_TRUE(
+            co_await until(context, [&] { return permits_in(redis, budget.parallel_key) == 2; }));
+        EXPECT_EQ(scripts_run(redis), 1);
+      });
+}
+
+// This worker's entry in a permit hash.
+std::string holder_of(const server::WorkerState& worker) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(worker.instance()));
+  return text;
+}
+
+TEST(SharedPermits, APermitNobodyTakesIsGivenBack) {
+  if (!redis_server_binary()) GTEST_SKIP() << "redis-server is not installed";
+  RedisServer redis;
+  const auto budget = budget_of("dropped", 600, 2);
+  const std::shared_ptr<const server::Snapshot> no_snapshot;
   with_worker(redis,
               [&](server::WorkerState& worker, net::io_context& context) -> net::awaitable<void> {
-                auto leases = co_await held_leases(worker, budget, "held-", 3);
-                redis.command({"CONFIG", "RESETSTAT"});
-                // An admission goes at once; two settlements and a second admission
-                // come while it is in flight. The settlements wait for it and go in
-                // the second admission's call, ahead of it: two scripts, not three.
-                int answered = 0;
-                std::optional<server::AdmitAnswer> first;
-                std::optional<server::AdmitAnswer> second;
-                net::co_spawn(
-                    context,
-                    [&]() -> net::awaitable<void> {
-                      first = co_await worker.admit(budget, no_snapshot, true, "0", "new-0");
-                      ++answered;
-                    },
-                    net::detached);
-                worker.settle(budget, no_snapshot, 4'000'000'000, leases[0].get());
-                worker.settle(budget, no_snapshot, 0, leases[1].get());
-                net::co_spawn(
-                    context,
-                    [&]() -> net::awaitable<void> {
-                      second = co_await worker.admit(budget, no_snapshot, true, "0", "new-1");
-                      ++answered;
-                    },
-                    net::detached);
-                EXPECT_TRUE(co_await until(context, [&] { return answered == 2; }));
-                EXPECT_EQ(scripts_run(redis), 2) << redis.command({"INFO", "commandstats"});
-                if (!first || !second) {
-                  ADD_FAILURE() << "an admission had no answer";
-                  co_return;
+                {
+                  auto answer = co_await worker.admit(budget, no_snapshot, false, "0");
+                  EXPECT_TRUE(answer && answer->refused == 0 && answer->permit);
+                  EXPECT_EQ(permits_in(redis, budget.parallel_key), 1);
                 }
-                EXPECT_EQ(first->refused, 0);
-                EXPECT_EQ(second->refused, 0);
-                // The first was judged before the refund was owed, the second after.
-                EXPECT_EQ(first->tpm_owed_ns, 0);
-                EXPECT_GT(second->tpm_owed_ns, 3'000'000'000);
-                EXPECT_LE(second->tpm_owed_ns, 4'000'000'000);
-                // Two leases given back, two taken: held-2, new-0 and new-1.
-                EXPECT_EQ(redis.command({"ZCARD", budget.parallel_key}), ":3\r\n");
-                EXPECT_EQ(redis.command({"ZSCORE", budget.parallel_key, "held-0"}), "$-1\r\n");
-
-                // With no admission in flight, a settlement goes on its own at once.
-                redis.command({"CONFIG", "RESETSTAT"});
-                worker.settle(budget, no_snapshot, 0, leases[2].get());
+                // The answer is dropped with its permit: the count goes back to none.
+                EXPECT_EQ(worker.permits_held(budget.parallel_key), 0);
                 EXPECT_TRUE(co_await until(context, [&] {
-                  return redis.command({"ZCARD", budget.parallel_key}) == ":2\r\n";
+                  return redis.command({"EXISTS", budget.parallel_key}) == ":0\r\n";
                 }));
-                EXPECT_EQ(scripts_run(redis), 1);
               });
+}
+
+TEST(SharedPermits, EachCallWritesTheWorkersCountAsItStands) {
+  if (!redis_server_binary()) GTEST_SKIP() << "redis-server is not installed";
+  RedisServer redis;
+  const auto budget = budget_of("counted", 600, 10);
+  const std::shared_ptr<const server::Snapshot> no_snapshot;
+  with_worker(
+      redis, [&](server::WorkerState& worker, net::io_context& context) -> net::awaitable<void> {
+        auto leases = co_await held_leases(worker, budget, 2);
+        const std::string holder = holder_of(worker);
+        const std::string entry = redis.command({"HGET", budget.parallel_key, holder});
+        EXPECT_NE(entry.find("\r\n2 "), std::string::npos) << entry;
+        // An entry Redis got wrong (a reply lost while a permit was given
+        // back) is put right by the worker's next call, not added to.
+        redis.command({"HSET", budget.parallel_key, holder, "9 99999999999999"});
+        worker.settle(budget, no_snapshot, 0, leases[0].get());
+        EXPECT_FALSE(leases[0]->held());
+        EXPECT_TRUE(
+            co_await until(context, [&] { return permits_in(redis, budget.parallel_key) == 1; }));
+        EXPECT_EQ(worker.permits_held(budget.parallel_key), 1);
+      });
+}
+
+TEST(SharedPermits, AnExpiredEntryNoLongerCountsAndIsRemoved) {
+  if (!redis_server_binary()) GTEST_SKIP() << "redis-server is not installed";
+  RedisServer redis;
+  const auto budget = budget_of("expired", 600, 3);
+  const std::shared_ptr<const server::Snapshot> no_snapshot;
+  with_worker(redis, [&](server::WorkerState& worker, net::io_context&) -> net::awaitable<void> {
+    // Another holder, alive until far ahead, has two of the three permits;
+    // a dead one's entry (its expiry long past) claims three more.
+    redis.command({"HSET", budget.parallel_key, "alive", "2 99999999999999", "dead", "3 1"});
+    auto admitted = co_await worker.admit(budget, no_snapshot, false, "0");
+    auto refused = co_await worker.admit(budget, no_snapshot, false, "0");
+    EXPECT_TRUE(admitted && admitted->refused == 0);
+    EXPECT_TRUE(refused && refused->refused == 1 && !refused->permit);
+    EXPECT_EQ(redis.command({"HEXISTS", budget.parallel_key, "dead"}), ":0\r\n");
+    EXPECT_EQ(permits_in(redis, budget.parallel_key), 3);
+  });
 }
 
 }  // namespace

@@ -50,7 +50,7 @@ TEST(SharedProcesses, AKilledInstancesPermitsExpireAtTheLeaseTtl) {
     return status != nullptr && status->up();
   }));
   // The doomed process is connected once it admits through Redis.
-  const std::string leases = "sluice:{key:holder}:par:1";
+  const std::string leases = "sluice:{key:holder}:held:1";
   ASSERT_TRUE(eventually([&] { return redis.command({"PING"}) == "+PONG\r\n"; }));
 
   // The doomed instance holds the key's one permit with a long request...
@@ -58,7 +58,7 @@ TEST(SharedProcesses, AKilledInstancesPermitsExpireAtTheLeaseTtl) {
     return leased_chat(port, {{"x-mock-ttft-ms", "30000"}});
   });
   ASSERT_TRUE(eventually([&] { return upstream->stats().requests >= 1; }, 5s));
-  ASSERT_EQ(redis.command({"ZCARD", leases}), ":1\r\n");
+  ASSERT_EQ(permits_in(redis, leases), 1);
   EXPECT_EQ(leased_chat(survivor.port()).status, 429u);
 
   // ...and dies with it, giving nothing back.
@@ -87,7 +87,7 @@ TEST(SharedProcesses, AKilledInstancesPermitsExpireAtTheLeaseTtl) {
   EXPECT_GE(*admitted_after, 1200ms);
   EXPECT_LE(*admitted_after, 2600ms);
   // The one admitted now holds the permit it freed, then gives it back.
-  EXPECT_TRUE(eventually([&] { return redis.command({"ZCARD", leases}) == ":0\r\n"; }, 2s));
+  EXPECT_TRUE(eventually([&] { return permits_in(redis, leases) == 0; }, 2s));
 }
 
 }  // namespace

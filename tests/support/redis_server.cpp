@@ -141,4 +141,16 @@ std::string RedisServer::command(const std::vector<std::string>& args,
   return reply;
 }
 
+long permits_in(const RedisServer& redis, const std::string& key) {
+  // HVALS answers "*N\r\n" and N bulk strings "$len\r\ncount expiry\r\n".
+  const std::string reply = redis.command({"HVALS", key});
+  long total = 0;
+  std::size_t at = 0;
+  while ((at = reply.find("\r\n$", at)) != std::string::npos) {
+    at = reply.find("\r\n", at + 3) + 2;
+    total += std::stol(reply.substr(at, reply.find(' ', at) - at));
+  }
+  return total;
+}
+
 }  // namespace sluice::testing

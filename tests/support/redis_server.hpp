@@ -57,6 +57,11 @@ std::uint16_t ephemeral_port();
 // 127.0.0.1; the raw RESP reply ("" on failure).
 std::string redis_command(std::uint16_t port, const std::vector<std::string>& args);
 
+// The max_parallel permits held in the permit hash `key` (state's format:
+// holder -> "count expiry_ms"), summed over the holders; expired entries
+// count too, as Redis still has them.
+long permits_in(const RedisServer& redis, const std::string& key);
+
 // Whether redis-server is installed (scripts/setup installs it).
 std::optional<std::string> redis_server_binary();
 

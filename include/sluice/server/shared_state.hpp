@@ -3,7 +3,6 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/intrusive/list.hpp>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -18,29 +17,38 @@
 #include "sluice/state/redis_client.hpp"
 
 // A worker's part of the shared state backend (state.backend: redis): its
-// own connection to Redis, and the max_parallel leases its requests hold,
-// renewed together by one timer rather than one per request.
+// own connection to Redis, and the max_parallel permits its requests hold,
+// counted per budget and renewed together by one timer.
 namespace sluice::server {
 
 class WorkerState;
 struct Snapshot;
 
-// A max_parallel permit in Redis (of a key or a deployment), renewed by its
-// worker every third of state.lease_ttl while held; one still held when it
-// is destroyed (an attempt's, when the attempt ends) is given back then.
-struct SharedLease {
-  SharedLease() = default;
+struct SharedBudget;
+
+// A max_parallel permit in Redis (of a key or a deployment). A worker
+// counts the permits its requests hold per budget and writes that count to
+// Redis as its own entry, renewed every third of state.lease_ttl while it
+// is above zero: an instance that dies stops renewing, and its entries
+// expire. A permit still held when it is destroyed (an attempt's, when the
+// attempt ends) is given back then.
+class SharedLease {
+ public:
+  SharedLease(WorkerState& owner, const SharedBudget& budget,
+              std::shared_ptr<const Snapshot> keep_alive, long& count)
+      : owner_(&owner), budget_(&budget), keep_alive_(std::move(keep_alive)), count_(&count) {}
   SharedLease(const SharedLease&) = delete;
   SharedLease& operator=(const SharedLease&) = delete;
   ~SharedLease();
 
-  std::string set;  // the key's or deployment's lease set in Redis
-  std::string id;   // unique across instances
-  WorkerState* owner = nullptr;
-  boost::intrusive::list_member_hook<boost::intrusive::link_mode<boost::intrusive::auto_unlink>>
-      hook;
+  bool held() const { return count_ != nullptr; }
 
-  bool held() const { return hook.is_linked(); }
+ private:
+  friend class WorkerState;
+  WorkerState* owner_;
+  const SharedBudget* budget_;
+  std::shared_ptr<const Snapshot> keep_alive_;  // the budget's
+  long* count_;                                 // the worker's count for the budget
 };
 
 class Worker;
@@ -58,7 +66,7 @@ struct SharedBudget {
   std::string parallel_key;
   std::string interval_ns;  // the rpm GCRA's, "0" for no rpm
   std::string window_ns;
-  std::string max_parallel;
+  std::string max_parallel;  // "0" for none
   std::string lease_ttl_ms;
 };
 
@@ -80,11 +88,13 @@ boost::asio::awaitable<void> share_cooldowns(Worker& worker);
 
 // Redis's answer to one request under a SharedBudget's limits (see
 // state::budget_script): refused 0 admitted, 1 max_parallel, 2 rpm, 3 tpm;
-// how far each TAT stood ahead of now before the request.
+// how far each TAT stood ahead of now before the request; and, when it was
+// admitted under a max_parallel, its permit.
 struct AdmitAnswer {
   long long refused = 0;
   long long rpm_owed_ns = 0;
   long long tpm_owed_ns = 0;
+  std::unique_ptr<SharedLease> permit;
 };
 
 class WorkerState {
@@ -99,27 +109,15 @@ class WorkerState {
   state::RedisClient& redis() { return redis_; }
   const config::State& settings() const { return settings_; }
 
-  // A lease id no other request of any instance uses.
-  std::string next_lease_id();
-  void hold(SharedLease& lease) {
-    lease.owner = this;
-    leases_.push_back(lease);
-  }
-  // Gives the permit back at once (not waiting for Redis's answer).
-  void release(SharedLease& lease);
-  // Stops renewing a permit the caller gives back itself.
-  void forget(SharedLease& lease) { lease.hook.unlink(); }
-
   // Asks Redis to admit one request under `budget` (of the snapshot
-  // `keep_alive`): its estimate's cost in ns ("0" for none) and, with
-  // max_parallel, its lease id. A lone request is sent at once; requests of
-  // the same budget that come while a call for it is in flight go together
-  // in the next call, one script for all, so that under load Redis runs a
-  // script per batch rather than per request. Nothing when Redis does not
-  // answer.
+  // `keep_alive`), its estimate's cost in ns ("0" for none). A lone request
+  // is sent at once; requests of the same budget that come while a call for
+  // it is in flight go together in the next call, one script for all, so
+  // that under load Redis runs a script per batch rather than per request.
+  // Nothing when Redis does not answer.
   boost::asio::awaitable<std::optional<AdmitAnswer>> admit(
       const SharedBudget& budget, const std::shared_ptr<const Snapshot>& keep_alive,
-      bool tpm_limited, std::string_view cost, std::string_view lease_id);
+      bool tpm_limited, std::string_view cost);
 
   // Gives back what a request of client key `budget` reserved and did not
   // spend: `delta_ns` moves its tpm TAT (negative refunds, 0 leaves it),
@@ -129,6 +127,10 @@ class WorkerState {
   void settle(const SharedBudget& budget, const std::shared_ptr<const Snapshot>& keep_alive,
               std::int64_t delta_ns, SharedLease* lease);
 
+  // How many permits of the budget whose lease set is `parallel_key` this
+  // worker's requests hold.
+  long permits_held(const std::string& parallel_key) const;
+
  private:
   struct AdmitWaiter;
   struct AdmitQueue {
@@ -136,16 +138,14 @@ class WorkerState {
     bool tpm_limited = false;
     std::vector<std::shared_ptr<AdmitWaiter>> waiting;
   };
-  struct Settlement {
-    std::string delta_ns;
-    std::string lease_id;  // "" for none
-  };
   struct SettleQueue {
     WorkerState* owner = nullptr;
     const SharedBudget* budget = nullptr;
     std::shared_ptr<const Snapshot> keep_alive;
-    std::vector<Settlement> waiting;
-    std::vector<Settlement> in_flight;
+    std::vector<std::string> waiting;    // tpm deltas, ns
+    std::vector<std::string> in_flight;  // what the call out carries
+    bool calling = false;                // a call of the queue's own is out
+    bool permits_given_back = false;     // the count in Redis is to be written anew
   };
   boost::asio::awaitable<void> renew_leases();
   boost::asio::awaitable<void> send_admits(const SharedBudget* budget);
@@ -157,16 +157,15 @@ class WorkerState {
   state::RedisClient redis_;
   boost::asio::steady_timer renewal_;
   std::uint64_t instance_;
-  std::uint64_t next_lease_ = 0;
+  std::string holder_;  // this worker's entry in the budgets' permit counts
   bool stopped_ = false;
   // A budget has a queue while a call for it is in flight.
   std::unordered_map<const SharedBudget*, AdmitQueue> admits_;
   std::unordered_map<const SharedBudget*, SettleQueue> settlements_;
-  boost::intrusive::list<
-      SharedLease,
-      boost::intrusive::member_hook<SharedLease, decltype(SharedLease::hook), &SharedLease::hook>,
-      boost::intrusive::constant_time_size<false>>
-      leases_;
+  // Permits held per lease set: by key name, so that two snapshots whose
+  // budgets share a set count together. A count stays in place while a
+  // permit points at it; it is dropped when it falls to zero.
+  std::unordered_map<std::string, long> permits_;
 };
 
 // Whether a deployment has limits the instances share: its rpm and a fixed
@@ -177,13 +176,13 @@ inline bool has_shared_limits(const config::Deployment& deployment) {
 
 enum class SharedDeploymentVerdict { admitted, at_limit, unavailable };
 
-// Takes an rpm unit and, with max_parallel, a lease (into `lease`, renewed
-// until it is destroyed) of `deployment` (whose `budget` it is, owned by
-// `keep_alive`) in Redis, by the key limits' script:
+// Takes an rpm unit and, with max_parallel, a permit (into `lease`, held
+// until it is destroyed) of a deployment's `budget` (owned by `keep_alive`)
+// in Redis, by the key limits' script:
 // the same GCRA, keys hash-tagged per deployment. `unavailable` when Redis
 // does not answer: the caller falls back on state.on_unavailable.
 boost::asio::awaitable<SharedDeploymentVerdict> take_shared_deployment_limits(
-    WorkerState& shared, const config::Deployment& deployment, const SharedBudget& budget,
+    WorkerState& shared, const SharedBudget& budget,
     const std::shared_ptr<const Snapshot>& keep_alive, std::unique_ptr<SharedLease>& lease);
 
 }  // namespace sluice::server

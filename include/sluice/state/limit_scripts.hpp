@@ -13,21 +13,24 @@ namespace sluice::state {
 
 // One call per client key's or deployment's budget: what earlier requests
 // reserved and did not spend, then the requests to judge.
-// KEYS: rpm TAT, tpm TAT, parallel leases (a sorted set: lease -> expiry ms).
+// KEYS: rpm TAT, tpm TAT, permits held (a hash: holder -> "count expiry_ms",
+// one entry per worker of every instance).
 // ARGV: interval ns (0 = no rpm), window ns, tpm limited (0|1),
-// max_parallel (0 = none), lease TTL ms, most tpm debt ns, the number S of
-// settlements; then S settlements, in order: ns to add to the tpm TAT
-// (negative gives back, 0 leaves it) and the lease id to remove ("" for
-// none); then for each request to judge, in order: the estimate's cost in
-// ns (0 = reserves nothing) and its lease id.
+// max_parallel (0 = none), lease TTL ms, most tpm debt ns, the caller's
+// holder name, the permits the caller holds (before this call's requests),
+// the number S of settlements; then S settlements, in order: ns to add to
+// the tpm TAT (negative gives back); then for each request to judge, in
+// order: the estimate's cost in ns (0 = reserves nothing).
 // Returns {refused, rpm owed ns, tpm owed ns} for each request, one after
-// the other: refused 0 = admitted (and charged, lease taken), 1 =
-// max_parallel, 2 = rpm, 3 = tpm; the owed values are how far each TAT
-// stood ahead of now before that request, after the settlements.
+// the other: refused 0 = admitted (and charged, a permit counted to the
+// caller), 1 = max_parallel, 2 = rpm, 3 = tpm; the owed values are how far
+// each TAT stood ahead of now before that request, after the settlements.
+// With max_parallel, the caller's entry is written with its count after
+// the call (or removed at zero), good for the lease TTL.
 const Script& budget_script();
 
-// KEYS: lease sets, one per lease. ARGV: TTL ms, then the lease ids in the
-// same order. Pushes each lease still held TTL ms past now.
+// KEYS: permit hashes. ARGV: TTL ms, holder name. Pushes the holder's
+// entry in each, where it still is, TTL ms past now.
 const Script& renew_script();
 
 // Cooldowns, one hash per deployment ({until, probe, probe_at}, in Redis's
