@@ -15,10 +15,13 @@ namespace sluice::server {
 namespace net = boost::asio;
 
 WorkerState::WorkerState(net::io_context& context, const config::State& settings,
-                         state::BackendStatus& status, std::uint64_t seed)
+                         state::BackendStatus& status, std::uint64_t seed,
+                         std::chrono::steady_clock::duration settlement_wait)
     : settings_(settings),
       redis_(context, settings.redis, status, seed),
       renewal_(context),
+      settlement_wait_(settlement_wait),
+      settlement_timer_(context),
       instance_(seed) {
   char text[17];
   std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(instance_));
@@ -33,6 +36,7 @@ void WorkerState::start() {
 void WorkerState::stop() {
   stopped_ = true;
   renewal_.cancel();
+  settlement_timer_.cancel();
   redis_.stop();
 }
 
@@ -134,10 +138,11 @@ net::awaitable<void> WorkerState::send_admits(const SharedBudget* budget) {
     auto queue = admits_.find(budget);
     if (queue->second.waiting.empty()) {
       admits_.erase(queue);
-      // Settlements that waited for this call's end go on their own.
+      // Settlements that came during this call go now, or wait on for the
+      // next one.
       if (auto parked = settlements_.find(budget);
           parked != settlements_.end() && !parked->second.calling) {
-        send_settlements(parked->second);
+        settle_or_wait(parked->second);
       }
       co_return;
     }
@@ -151,6 +156,7 @@ net::awaitable<void> WorkerState::send_admits(const SharedBudget* budget) {
       parked->second.permits_given_back = false;
       if (parked->second.waiting.empty()) settlements_.erase(parked);
     }
+    note_admission_call(budget);
     // The budget lives while the call is in flight, whatever its requests
     // do meanwhile.
     const std::shared_ptr<const Snapshot> keep_alive = queue->second.keep_alive;
@@ -161,8 +167,12 @@ net::awaitable<void> WorkerState::send_admits(const SharedBudget* budget) {
     for (const auto& waiter : batch) args.push_back(waiter->cost);
     auto reply = co_await redis_.eval(state::budget_script(), keys, args);
     riding.clear();
+    // Three numbers per request, then the permits in use after the call.
     const bool whole = reply && reply->type == state::Reply::Type::array &&
-                       reply->elements.size() == 3 * batch.size();
+                       reply->elements.size() == 3 * batch.size() + 1;
+    if (whole && reply->elements.back().type == state::Reply::Type::integer) {
+      admission_calls_[budget].permits_in_use = reply->elements.back().integer;
+    }
     for (std::size_t i = 0; i < batch.size(); ++i) {
       auto& waiter = *batch[i];
       if (whole) {
@@ -197,27 +207,71 @@ void WorkerState::settle(const SharedBudget& budget,
     lease = nullptr;
   }
   if (stopped_ || (delta_ns == 0 && lease == nullptr)) return;
-  auto [queue, first] = settlements_.try_emplace(&budget);
-  if (delta_ns != 0) queue->second.waiting.push_back(std::to_string(delta_ns));
-  if (lease != nullptr) queue->second.permits_given_back = true;
+  auto [entry, first] = settlements_.try_emplace(&budget);
+  SettleQueue& queue = entry->second;
   if (first) {
-    queue->second.owner = this;
-    queue->second.budget = &budget;
-    queue->second.keep_alive = keep_alive;
-    send_settlements(queue->second);
+    queue.owner = this;
+    queue.budget = &budget;
+    queue.keep_alive = keep_alive;
   }
+  if (delta_ns != 0) queue.waiting.push_back(std::to_string(delta_ns));
+  if (lease != nullptr) queue.permits_given_back = true;
+  // A call out takes them, or is followed by them, when it ends.
+  if (queue.calling || admits_.contains(&budget)) return;
+  settle_or_wait(queue);
+}
+
+void WorkerState::settle_or_wait(SettleQueue& queue) {
+  if (may_wait(*queue.budget, queue.permits_given_back)) {
+    wait_for_a_ride();
+  } else {
+    send_settlements(queue);
+  }
+}
+
+bool WorkerState::may_wait(const SharedBudget& budget, bool permits_given_back) const {
+  auto call = admission_calls_.find(&budget);
+  if (call == admission_calls_.end() ||
+      std::chrono::steady_clock::now() - call->second.sent_at >= settlement_wait_) {
+    return false;
+  }
+  return !permits_given_back || 2 * call->second.permits_in_use <= call->second.max_parallel;
+}
+
+void WorkerState::note_admission_call(const SharedBudget* budget) {
+  const auto now = std::chrono::steady_clock::now();
+  // Budgets of snapshots gone and keys gone quiet are forgotten.
+  if (admission_calls_.size() >= 256) {
+    std::erase_if(admission_calls_,
+                  [&](const auto& call) { return now - call.second.sent_at >= settlement_wait_; });
+  }
+  auto [call, first] = admission_calls_.try_emplace(budget);
+  if (first) call->second.max_parallel = std::stoll(budget->max_parallel);
+  call->second.sent_at = now;
+}
+
+void WorkerState::wait_for_a_ride() {
+  if (settlement_timer_armed_) return;
+  settlement_timer_armed_ = true;
+  settlement_timer_.expires_after(settlement_wait_);
+  settlement_timer_.async_wait([this](const boost::system::error_code&) {
+    settlement_timer_armed_ = false;
+    if (stopped_) return;
+    std::vector<SettleQueue*> due;
+    for (auto& [budget, queue] : settlements_) {
+      if (!queue.calling && !admits_.contains(budget)) due.push_back(&queue);
+    }
+    for (SettleQueue* queue : due) send_settlements(*queue);
+  });
 }
 
 // One call per budget in flight, and no coroutine or timer for it: the
 // client calls back when its reply is in or the connection is lost. A
-// queue's address stays put in the map while the call is out. While an
-// admission call of the budget is out, the settlements wait for it and go
-// with the next one, or on their own once it ends (send_admits).
+// queue's address stays put in the map while the call is out.
 void WorkerState::send_settlements(SettleQueue& queue) {
   std::vector<std::string_view> args;
   CallNumbers numbers;
   while (!queue.waiting.empty() || queue.permits_given_back) {
-    if (admits_.contains(queue.budget)) return;
     take_batch(queue.waiting, queue.in_flight);
     queue.permits_given_back = false;
     const bool permits = has_permits(*queue.budget);
@@ -239,7 +293,12 @@ void WorkerState::settlements_sent(void* queue) {
   auto& sent = *static_cast<SettleQueue*>(queue);
   sent.in_flight.clear();
   sent.calling = false;
-  sent.owner->send_settlements(sent);
+  WorkerState& owner = *sent.owner;
+  if (sent.waiting.empty() && !sent.permits_given_back) {
+    owner.settlements_.erase(sent.budget);
+  } else if (!owner.admits_.contains(sent.budget)) {
+    owner.settle_or_wait(sent);
+  }
 }
 
 net::awaitable<void> WorkerState::renew_leases() {

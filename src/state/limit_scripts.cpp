@@ -114,6 +114,7 @@ if first_request <= #ARGV then
     end
   end
   if rpm_moved then store(KEYS[1], rpm_owed) end
+  out[#out + 1] = held
 end
 if tpm_moved then store(KEYS[2], tpm_owed) end
 if max_parallel > 0 then

@@ -49,9 +49,13 @@ server::SharedBudget budget_of(const std::string& tag, std::uint64_t rpm, unsign
           "30000"};
 }
 
+// Settlements that go at once unless a call of their budget is in flight.
+constexpr std::chrono::nanoseconds kNoSettlementWait{0};
+
 // Runs `body` on a fresh worker's loop once its connection is up; bounded.
 void with_worker(const RedisServer& redis,
-                 std::function<net::awaitable<void>(server::WorkerState&, net::io_context&)> body) {
+                 std::function<net::awaitable<void>(server::WorkerState&, net::io_context&)> body,
+                 std::chrono::steady_clock::duration settlement_wait = server::kSettlementWait) {
   config::State settings;
   settings.backend = config::State::Backend::redis;
   std::string why;
@@ -59,7 +63,7 @@ void with_worker(const RedisServer& redis,
   settings.redis.timeout = 1s;
   net::io_context context;
   state::BackendStatus status(1, settings.redis.url);
-  server::WorkerState worker(context, settings, status, 11);
+  server::WorkerState worker(context, settings, status, 11, settlement_wait);
   worker.start();
   bool finished = false;
   net::co_spawn(
@@ -171,7 +175,8 @@ TEST(SharedBatches, SettlementsThatComeDuringACallGoTogetherMovingTheTatInTurn) 
   const auto warm = budget_of("warm", 60, 10);
   const std::shared_ptr<const server::Snapshot> no_snapshot;
   with_worker(
-      redis, [&](server::WorkerState& worker, net::io_context& context) -> net::awaitable<void> {
+      redis,
+      [&](server::WorkerState& worker, net::io_context& context) -> net::awaitable<void> {
         auto leases = co_await held_leases(worker, budget, 4);
         EXPECT_EQ(permits_in(redis, budget.parallel_key), 4);
         // The script is loaded, and counted from here.
@@ -207,7 +212,8 @@ TEST(SharedBatches, SettlementsThatComeDuringACallGoTogetherMovingTheTatInTurn) 
           EXPECT_GE(ahead_s, 12);
           EXPECT_LE(ahead_s, 13);
         }
-      });
+      },
+      kNoSettlementWait);
 }
 
 TEST(SharedBatches, SettlementsWaitingForAnAdmissionCallRideWithTheNextOne) {
@@ -216,7 +222,8 @@ TEST(SharedBatches, SettlementsWaitingForAnAdmissionCallRideWithTheNextOne) {
   const auto budget = budget_of("riding", 60, 10);
   const std::shared_ptr<const server::Snapshot> no_snapshot;
   with_worker(
-      redis, [&](server::WorkerState& worker, net::io_context& context) -> net::awaitable<void> {
+      redis,
+      [&](server::WorkerState& worker, net::io_context& context) -> net::awaitable<void> {
         auto leases = co_await held_leases(worker, budget, 3);
         redis.command({"CONFIG", "RESETSTAT"});
         // An admission goes at once; two settlements and a second admission
@@ -264,7 +271,8 @@ TEST(SharedBatches, SettlementsWaitingForAnAdmissionCallRideWithTheNextOne) {
         EXPECT_TRUE(
             co_await until(context, [&] { return permits_in(redis, budget.parallel_key) == 2; }));
         EXPECT_EQ(scripts_run(redis), 1);
-      });
+      },
+      kNoSettlementWait);
 }
 
 // This worker's entry in a permit hash.
@@ -332,6 +340,91 @@ TEST(SharedPermits, AnExpiredEntryNoLongerCountsAndIsRemoved) {
     EXPECT_EQ(redis.command({"HEXISTS", budget.parallel_key, "dead"}), ":0\r\n");
     EXPECT_EQ(permits_in(redis, budget.parallel_key), 3);
   });
+}
+
+// Waits on the loop for `duration`.
+net::awaitable<void> pause(net::io_context& context, std::chrono::steady_clock::duration duration) {
+  net::steady_timer wait(context, duration);
+  co_await wait.async_wait(net::use_awaitable);
+}
+
+TEST(SharedSettlements, WhileABudgetIsAdmittingTheyWaitForItsNextAdmissionCall) {
+  if (!redis_server_binary()) GTEST_SKIP() << "redis-server is not installed";
+  RedisServer redis;
+  const auto budget = budget_of("admitting", 600, 10);
+  const std::shared_ptr<const server::Snapshot> no_snapshot;
+  with_worker(
+      redis,
+      [&](server::WorkerState& worker, net::io_context& context) -> net::awaitable<void> {
+        auto leases = co_await held_leases(worker, budget, 1);
+        redis.command({"CONFIG", "RESETSTAT"});
+        // One permit of ten in use: giving it back may wait, as may a refund.
+        worker.settle(budget, no_snapshot, 2'000'000'000, leases[0].get());
+        co_await pause(context, 50ms);
+        EXPECT_EQ(scripts_run(redis), 0);
+        EXPECT_EQ(permits_in(redis, budget.parallel_key), 1);
+        auto next = co_await worker.admit(budget, no_snapshot, true, "0");
+        // One call for both, the settlement ahead of the admission.
+        EXPECT_EQ(scripts_run(redis), 1) << redis.command({"INFO", "commandstats"});
+        EXPECT_TRUE(next && next->refused == 0);
+        if (next) {
+          EXPECT_GT(next->tpm_owed_ns, 1'000'000'000);
+        }
+        EXPECT_EQ(permits_in(redis, budget.parallel_key), 1);
+      },
+      10s);
+}
+
+TEST(SharedSettlements, ThoseNoAdmissionCallTakesGoAfterTheWait) {
+  if (!redis_server_binary()) GTEST_SKIP() << "redis-server is not installed";
+  RedisServer redis;
+  const auto budget = budget_of("waited", 600, 10);
+  const std::shared_ptr<const server::Snapshot> no_snapshot;
+  with_worker(
+      redis,
+      [&](server::WorkerState& worker, net::io_context& context) -> net::awaitable<void> {
+        auto leases = co_await held_leases(worker, budget, 2);
+        worker.settle(budget, no_snapshot, 0, leases[0].get());
+        const auto given_back = std::chrono::steady_clock::now();
+        co_await pause(context, 100ms);
+        EXPECT_EQ(permits_in(redis, budget.parallel_key), 2);
+        EXPECT_TRUE(
+            co_await until(context, [&] { return permits_in(redis, budget.parallel_key) == 1; }));
+        EXPECT_GE(std::chrono::steady_clock::now() - given_back, 1s);
+      },
+      1s);
+}
+
+TEST(SharedSettlements, APermitGivenBackNearTheLimitOrWhenQuietGoesAtOnce) {
+  if (!redis_server_binary()) GTEST_SKIP() << "redis-server is not installed";
+  RedisServer redis;
+  const auto narrow = budget_of("narrow", 600, 3);
+  const auto quiet = budget_of("quiet", 600, 10);
+  const std::shared_ptr<const server::Snapshot> no_snapshot;
+  with_worker(
+      redis,
+      [&](server::WorkerState& worker, net::io_context& context) -> net::awaitable<void> {
+        // Two of three in use: more than half, so the permit goes at once
+        // though the budget is admitting.
+        // Waiting would take the second of settlement_wait.
+        auto narrow_leases = co_await held_leases(worker, narrow, 2);
+        auto given_back = std::chrono::steady_clock::now();
+        worker.settle(narrow, no_snapshot, 0, narrow_leases[0].get());
+        EXPECT_TRUE(
+            co_await until(context, [&] { return permits_in(redis, narrow.parallel_key) == 1; }));
+        EXPECT_LT(std::chrono::steady_clock::now() - given_back, 500ms);
+        // A budget whose last admission call is older than the wait is
+        // quiet: its permit goes at once too.
+        auto quiet_leases = co_await held_leases(worker, quiet, 1);
+        co_await pause(context, 1100ms);
+        given_back = std::chrono::steady_clock::now();
+        worker.settle(quiet, no_snapshot, 0, quiet_leases[0].get());
+        EXPECT_TRUE(co_await until(context, [&] {
+          return redis.command({"EXISTS", quiet.parallel_key}) == ":0\r\n";
+        }));
+        EXPECT_LT(std::chrono::steady_clock::now() - given_back, 500ms);
+      },
+      1s);
 }
 
 }  // namespace

@@ -97,10 +97,22 @@ struct AdmitAnswer {
   std::unique_ptr<SharedLease> permit;
 };
 
+// How long the settlements of a budget that is admitting (its last
+// admission call went less than this long ago) may wait for its next
+// admission call to ride on: under load one comes sooner, and Redis runs
+// a script per batch of admissions rather than one more for the
+// settlements. Permits given back wait only while Redis last counted at
+// most half of max_parallel in use, where a moment's delay refuses
+// nobody; a quiet budget, or one near its limit, settles at once, so
+// that a permit given back is free on every instance a round trip later.
+inline constexpr std::chrono::milliseconds kSettlementWait{5};
+
 class WorkerState {
  public:
+  // `settlement_wait`: kSettlementWait, but for tests.
   WorkerState(boost::asio::io_context& context, const config::State& settings,
-              state::BackendStatus& status, std::uint64_t seed);
+              state::BackendStatus& status, std::uint64_t seed,
+              std::chrono::steady_clock::duration settlement_wait = kSettlementWait);
 
   void start();
   void stop();
@@ -121,9 +133,10 @@ class WorkerState {
 
   // Gives back what a request of client key `budget` reserved and did not
   // spend: `delta_ns` moves its tpm TAT (negative refunds, 0 leaves it),
-  // and its max_parallel `lease` (or null) is released. Batched as admit's
-  // calls are, and carried by the budget's next admission call when one is
-  // in flight; nothing waits for the answer.
+  // and its max_parallel `lease` (or null) is released. Nothing waits for
+  // Redis: the settlements of a budget ride in its admission call in
+  // flight, or in its next one within kSettlementWait, in order and ahead
+  // of its requests; otherwise they go in a call of their own.
   void settle(const SharedBudget& budget, const std::shared_ptr<const Snapshot>& keep_alive,
               std::int64_t delta_ns, SharedLease* lease);
 
@@ -151,11 +164,29 @@ class WorkerState {
   boost::asio::awaitable<void> send_admits(const SharedBudget* budget);
   // Sends the queue's next batch, or forgets the queue when none is left.
   void send_settlements(SettleQueue& queue);
+  // Sends the queue's settlements now, or lets them wait for a ride.
+  void settle_or_wait(SettleQueue& queue);
+  bool may_wait(const SharedBudget& budget, bool permits_given_back) const;
+  // Sends, after the settlement wait, the settlements no admission call
+  // took.
+  void wait_for_a_ride();
+  void note_admission_call(const SharedBudget* budget);
   static void settlements_sent(void* queue);
 
   const config::State settings_;
   state::RedisClient redis_;
   boost::asio::steady_timer renewal_;
+  const std::chrono::steady_clock::duration settlement_wait_;
+  boost::asio::steady_timer settlement_timer_;
+  bool settlement_timer_armed_ = false;
+  // A budget's last admission call: when it went, and the permits in use
+  // across the instances that its answer reported.
+  struct AdmissionCall {
+    std::chrono::steady_clock::time_point sent_at;
+    long long permits_in_use = 0;
+    long long max_parallel = 0;
+  };
+  std::unordered_map<const SharedBudget*, AdmissionCall> admission_calls_;
   std::uint64_t instance_;
   std::string holder_;  // this worker's entry in the budgets' permit counts
   bool stopped_ = false;

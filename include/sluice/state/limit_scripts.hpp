@@ -24,7 +24,9 @@ namespace sluice::state {
 // Returns {refused, rpm owed ns, tpm owed ns} for each request, one after
 // the other: refused 0 = admitted (and charged, a permit counted to the
 // caller), 1 = max_parallel, 2 = rpm, 3 = tpm; the owed values are how far
-// each TAT stood ahead of now before that request, after the settlements.
+// each TAT stood ahead of now before that request, after the settlements;
+// then, last, the permits in use across the holders after the call (0
+// without max_parallel). A call without requests returns nothing.
 // With max_parallel, the caller's entry is written with its count after
 // the call (or removed at zero), good for the lease TTL.
 const Script& budget_script();
