@@ -233,7 +233,7 @@ TEST(LoadString, MinimalConfigUsesDefaults) {
   EXPECT_EQ(config->server.keepalive_timeout, milliseconds(75000));
   EXPECT_EQ(config->server.write_timeout, milliseconds(30000));
   EXPECT_EQ(config->server.max_connections, 10000u);
-  EXPECT_EQ(config->upstream.max_idle_per_origin, 64u);
+  EXPECT_EQ(config->upstream.max_idle_per_origin, 1024u);
   EXPECT_EQ(config->upstream.idle_expiry, milliseconds(60000));
   EXPECT_EQ(config->upstream.dns_ttl, milliseconds(30000));
   EXPECT_EQ(config->router.window, 20u);

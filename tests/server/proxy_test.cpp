@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <boost/beast/core/string.hpp>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "support/canned_upstream.hpp"
 #include "support/gateway_fixture.hpp"
@@ -88,6 +90,34 @@ TEST(Proxy, HundredSequentialRequestsUseOneUpstreamConnection) {
   // The connection returns to the pool just after the last byte is written.
   EXPECT_TRUE(eventually([&] { return gateway.idle_upstream_connections() == 1; }, 1s));
   EXPECT_EQ(gateway.active_upstream_connections(), 0);
+}
+
+TEST(Proxy, ABurstsUpstreamConnectionsStayPooledForTheNextBurst) {
+  // 200 requests at once on one worker: each needs a connection of its
+  // own, and all 200 wait idle for the next burst (the default keeps up to
+  // 1,024 per origin and worker), which opens none.
+  constexpr std::size_t kBurst = 200;
+  auto upstream = start_mock();
+  TestGateway gateway(
+      one_model(upstream->base_url(), kNoWarmConnections, "server:\n  threads: 1\n"));
+  auto burst = [&] {
+    std::vector<std::future<HttpResponse>> responses;
+    for (std::size_t i = 0; i < kBurst; ++i) {
+      responses.push_back(std::async(std::launch::async, [&] {
+        return http_request(gateway.port(), "POST", "/v1/chat/completions",
+                            chat_body("chat", false), {{"x-mock-ttft-ms", "300"}});
+      }));
+    }
+    for (auto& response : responses) EXPECT_EQ(response.get().status, 200u);
+  };
+  burst();
+  EXPECT_EQ(upstream->stats().connections_accepted, kBurst);
+  EXPECT_TRUE(eventually(
+      [&] { return gateway.idle_upstream_connections() == static_cast<std::int64_t>(kBurst); },
+      2s));
+  burst();
+  EXPECT_EQ(upstream->stats().connections_accepted, kBurst);
+  EXPECT_EQ(upstream->stats().requests, 2 * kBurst);
 }
 
 TEST(Proxy, ClientDisconnectCancelsUpstreamWithin100ms) {

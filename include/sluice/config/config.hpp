@@ -195,7 +195,7 @@ struct Server {
 };
 
 struct Upstream {
-  unsigned max_idle_per_origin = 64;  // per event-loop thread
+  unsigned max_idle_per_origin = 1024;  // per event-loop thread
   Duration idle_expiry{60000};        // pooled connections unused this long are closed
   Duration dns_ttl{30000};
   Http2Mode http2 = Http2Mode::automatic;

@@ -14,7 +14,7 @@
 namespace sluice::upstream {
 
 struct PoolOptions {
-  unsigned max_idle_per_origin = 64;
+  unsigned max_idle_per_origin = 1024;
   std::chrono::milliseconds idle_expiry{60000};
 };
 
