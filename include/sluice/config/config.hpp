@@ -196,7 +196,7 @@ struct Server {
 
 struct Upstream {
   unsigned max_idle_per_origin = 1024;  // per event-loop thread
-  Duration idle_expiry{60000};        // pooled connections unused this long are closed
+  Duration idle_expiry{60000};          // pooled connections unused this long are closed
   Duration dns_ttl{30000};
   Http2Mode http2 = Http2Mode::automatic;
   // An HTTP/2 connection that has received nothing for http2_ping_after is
