@@ -245,9 +245,11 @@ void WorkerState::note_admission_call(const SharedBudget* budget) {
     std::erase_if(admission_calls_,
                   [&](const auto& call) { return now - call.second.sent_at >= settlement_wait_; });
   }
-  auto [call, first] = admission_calls_.try_emplace(budget);
-  if (first) call->second.max_parallel = std::stoll(budget->max_parallel);
-  call->second.sent_at = now;
+  // Set on every call: a budget of a later snapshot may take the address
+  // of one that is gone.
+  AdmissionCall& call = admission_calls_[budget];
+  call.max_parallel = std::stoll(budget->max_parallel);
+  call.sent_at = now;
 }
 
 void WorkerState::wait_for_a_ride() {
