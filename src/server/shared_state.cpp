@@ -163,7 +163,7 @@ net::awaitable<void> WorkerState::send_admits(const SharedBudget* budget) {
     const auto keys = budget_keys(*budget);
     const bool permits = has_permits(*budget);
     begin_budget_call(*budget, queue->second.tpm_limited ? "1" : "0", holder_,
-                      permits ? permits_held(budget->parallel_key) : 0, riding, numbers, args);
+                      permits_held(budget->parallel_key), riding, numbers, args);
     for (const auto& waiter : batch) args.push_back(waiter->cost);
     auto reply = co_await redis_.eval(state::budget_script(), keys, args);
     riding.clear();
@@ -235,7 +235,7 @@ bool WorkerState::may_wait(const SharedBudget& budget, bool permits_given_back) 
       std::chrono::steady_clock::now() - call->second.sent_at >= settlement_wait_) {
     return false;
   }
-  return !permits_given_back || 2 * call->second.permits_in_use <= call->second.max_parallel;
+  return !permits_given_back || 2 * call->second.permits_in_use <= std::stoll(budget.max_parallel);
 }
 
 void WorkerState::note_admission_call(const SharedBudget* budget) {
@@ -245,11 +245,7 @@ void WorkerState::note_admission_call(const SharedBudget* budget) {
     std::erase_if(admission_calls_,
                   [&](const auto& call) { return now - call.second.sent_at >= settlement_wait_; });
   }
-  // Set on every call: a budget of a later snapshot may take the address
-  // of one that is gone.
-  AdmissionCall& call = admission_calls_[budget];
-  call.max_parallel = std::stoll(budget->max_parallel);
-  call.sent_at = now;
+  admission_calls_[budget].sent_at = now;
 }
 
 void WorkerState::wait_for_a_ride() {
@@ -276,10 +272,8 @@ void WorkerState::send_settlements(SettleQueue& queue) {
   while (!queue.waiting.empty() || queue.permits_given_back) {
     take_batch(queue.waiting, queue.in_flight);
     queue.permits_given_back = false;
-    const bool permits = has_permits(*queue.budget);
-    begin_budget_call(*queue.budget, "0", holder_,
-                      permits ? permits_held(queue.budget->parallel_key) : 0, queue.in_flight,
-                      numbers, args);
+    begin_budget_call(*queue.budget, "0", holder_, permits_held(queue.budget->parallel_key),
+                      queue.in_flight, numbers, args);
     if (redis_.send_eval(state::budget_script(), budget_keys(*queue.budget), args,
                          state::Completion{&settlements_sent, &queue})) {
       queue.calling = true;

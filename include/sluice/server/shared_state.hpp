@@ -141,7 +141,7 @@ class WorkerState {
               std::int64_t delta_ns, SharedLease* lease);
 
   // How many permits of the budget whose lease set is `parallel_key` this
-  // worker's requests hold.
+  // worker's requests hold (none for a budget without max_parallel).
   long permits_held(const std::string& parallel_key) const;
 
  private:
@@ -184,7 +184,6 @@ class WorkerState {
   struct AdmissionCall {
     std::chrono::steady_clock::time_point sent_at;
     long long permits_in_use = 0;
-    long long max_parallel = 0;
   };
   std::unordered_map<const SharedBudget*, AdmissionCall> admission_calls_;
   std::uint64_t instance_;
