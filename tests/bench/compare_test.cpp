@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <boost/asio/ip/tcp.hpp>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -249,6 +250,40 @@ TEST(Compare, OneRoundPrintsNoPooledRows) {
               target["rounds"][0]["ttft_us"]["p99"].get<double>())
         << name;
   }
+}
+
+// A target whose listener never accepts, with a queue of one: every connect
+// after the first is dropped by the kernel, and the table says how many
+// were, so that a tail of one-second retransmissions is not taken for the
+// path's own latency. Other tests' drops on the machine only add to it.
+TEST(Compare, CountsTheConnectsDroppedOnAFullListenQueue) {
+  auto direct = start_mock(0ms);
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor never_accepting(io);
+  never_accepting.open(boost::asio::ip::tcp::v4());
+  never_accepting.bind({boost::asio::ip::make_address("127.0.0.1"), 0});
+  never_accepting.listen(0);
+  const std::string full_url =
+      "http://127.0.0.1:" + std::to_string(never_accepting.local_endpoint().port()) +
+      "/v1/chat/completions";
+  const std::vector<std::string> arguments = {
+      "--target",      "direct=" + direct->base_url() + "/chat/completions",
+      "--target",      "full=" + full_url,
+      "--rounds",      "1",
+      "--model",       "bench-model",
+      "--concurrency", "4",
+      "--duration",    "300ms",
+      "--warmup",      "0s",
+      "--timeout",     "500ms"};
+  const CompareRun run = run_compare_with(arguments, "drops");
+
+  EXPECT_NE(run.table.find("| connects dropped, listen queue full (all rounds) |"),
+            std::string::npos)
+      << run.table;
+  const auto& full = target_named(run.document, "full")["rounds"][0];
+  ASSERT_TRUE(full.contains("listen_drops")) << full.dump();
+  // Three of the four connections found the queue full.
+  EXPECT_GE(full["listen_drops"].get<std::uint64_t>(), 3u) << full.dump();
 }
 
 }  // namespace

@@ -46,6 +46,7 @@ struct RoundValue {
   double cpu_us_per_request = kMissing;
   double kernel_us_per_request = kMissing;
   double sleeps_per_request = kMissing;
+  std::optional<std::uint64_t> listen_drops;  // machine-wide, during this run
 };
 
 struct Metric {
@@ -209,6 +210,28 @@ std::optional<std::uint64_t> voluntary_sleeps(int pid) {
   return total;
 }
 
+// Connections the kernel dropped because a listen queue was full, on the
+// whole machine (TcpExt ListenDrops in /proc/net/netstat). A dropped connect
+// is sent again by its client a second later, so in a burst of connects a
+// few such drops are a tail of their own, whichever process's queue it was.
+std::optional<std::uint64_t> listen_drops() {
+  std::ifstream file("/proc/net/netstat");
+  std::string names;
+  std::string numbers;
+  // Pairs of lines: "TcpExt: Name ..." and "TcpExt: 1 ...".
+  while (std::getline(file, names) && std::getline(file, numbers)) {
+    if (names.rfind("TcpExt:", 0) != 0) continue;
+    std::istringstream name_fields(names);
+    std::istringstream number_fields(numbers);
+    std::string name;
+    std::string number;
+    while (name_fields >> name && number_fields >> number) {
+      if (name == "ListenDrops") return std::stoull(number);
+    }
+  }
+  return std::nullopt;
+}
+
 // A count summed over processes; missing when one of them is gone.
 template <class Count>
 std::optional<Count> sum_over(const std::vector<int>& pids,
@@ -270,6 +293,7 @@ void print_progress(std::size_t round, std::size_t rounds, const CompareTarget& 
     std::snprintf(line, sizeof line, "  %.2f sleeps/req", value.sleeps_per_request);
     std::cerr << line;
   }
+  if (value.listen_drops.value_or(0) > 0) std::cerr << "  listen drops " << *value.listen_drops;
   if (s.errors > 0) {
     std::cerr << "  errors";
     for (std::size_t kind = 0; kind < kErrorKindCount; ++kind) {
@@ -370,9 +394,11 @@ int run_compare(int argc, char** argv, int first) {
       CompareTarget& target = targets[t];
       const auto ticks_before = sum_over(target.cpu_pids, stat_ticks);
       const auto sleeps_before = sum_over(target.cpu_pids, voluntary_sleeps);
+      const auto drops_before = listen_drops();
       RunResult result = run_load(target.url, options, target.request);
       const auto ticks_after = sum_over(target.cpu_pids, stat_ticks);
       const auto sleeps_after = sum_over(target.cpu_pids, voluntary_sleeps);
+      const auto drops_after = listen_drops();
 
       RoundValue value;
       value.summary = summarize(result);
@@ -390,6 +416,7 @@ int run_compare(int argc, char** argv, int first) {
       if (charged && sleeps_before && sleeps_after) {
         value.sleeps_per_request = per_request(*sleeps_before, *sleeps_after, 1.0);
       }
+      if (drops_before && drops_after) value.listen_drops = *drops_after - *drops_before;
       print_progress(round, rounds, target, value);
       values[t].push_back(value);
       target.merged.merge(result);
@@ -501,6 +528,20 @@ int run_compare(int argc, char** argv, int first) {
   }
   for (std::size_t c = target_count; c < columns; ++c) table << " |";
   table << "\n";
+  // Only when there were some: then a tail may be a second's retransmission
+  // rather than the path's own doing.
+  std::vector<std::uint64_t> drops(target_count, 0);
+  for (std::size_t t = 0; t < target_count; ++t) {
+    for (const auto& value : values[t]) drops[t] += value.listen_drops.value_or(0);
+  }
+  const bool any_drops =
+      std::any_of(drops.begin(), drops.end(), [](std::uint64_t count) { return count > 0; });
+  if (any_drops) {
+    table << "| connects dropped, listen queue full (all rounds) |";
+    for (std::uint64_t count : drops) table << " " << count << " |";
+    for (std::size_t c = target_count; c < columns; ++c) table << " |";
+    table << "\n";
+  }
 
   if (!title.empty()) std::cout << "### " << title << "\n\n";
   if (!description.empty()) std::cout << description << "\n\n";
@@ -517,6 +558,11 @@ int run_compare(int argc, char** argv, int first) {
   std::cout << ". CPU µs/req = the target process's user+system time per request, kernel µs/req"
                " the system part of it; sleeps/req = how often its threads went to sleep"
                " (voluntary context switches) per request.";
+  if (any_drops) {
+    std::cout << " Connects dropped: connections the kernel dropped on a full listen queue while"
+                 " the target ran, machine-wide (the target's queue or its upstream's); each"
+                 " one's client sends it again a second later.";
+  }
   if (rounds >= 2) {
     std::cout << " \"rounds pooled\" rows: the P99 of all rounds' samples together, and its"
                  " difference to "
@@ -545,6 +591,7 @@ int run_compare(int argc, char** argv, int first) {
           const double figure = metric.value(value);
           if (metric.baseline_is_zero && !std::isnan(figure)) round_json[metric.key] = figure;
         }
+        if (value.listen_drops) round_json["listen_drops"] = *value.listen_drops;
         target_json["rounds"].push_back(std::move(round_json));
       }
       target_json["all_rounds"] = to_json(pooled[t]);
