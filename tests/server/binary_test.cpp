@@ -24,16 +24,42 @@ using nlohmann::json;
 
 constexpr const char* kListeningPrefix = "sluice listening on http://";
 
-std::string sluice_binary() {
-  auto binary = built_binary("SLUICE_BINARY", "src/sluice");
-  return binary.value_or("");
+// Whether `binary` allocates with mimalloc, as its --version says;
+// `version` is what it said.
+bool runs_on_mimalloc(const std::string& binary, std::string& version) {
+  ChildProcess child(binary, {"--version"});
+  EXPECT_EQ(child.wait_exit(10s), 0);
+  version = child.standard_output();
+  return version.find("allocator: mimalloc") != std::string::npos;
 }
+
+// Every test runs the built executable, and is skipped without it.
+class SluiceBinary : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    binary = built_binary("SLUICE_BINARY", "src/sluice").value_or("");
+    if (binary.empty()) GTEST_SKIP() << "sluice binary not found; set SLUICE_BINARY";
+  }
+
+  // The memory tests drive a burst with sluice-bench and test mimalloc's
+  // rules for keeping and giving back pages: sanitizer builds run on an
+  // allocator of their own, which keeps freed memory in quarantine on
+  // purpose. Empty when they can run; otherwise why they cannot. Sets
+  // `bench`.
+  std::string why_memory_cannot_be_measured() {
+    bench = built_binary("SLUICE_BENCH_BINARY", "tools/bench/sluice-bench").value_or("");
+    if (bench.empty()) return "sluice-bench not found; set SLUICE_BENCH_BINARY";
+    if (std::string version; !runs_on_mimalloc(binary, version)) return version;
+    return "";
+  }
+
+  std::string binary;
+  std::string bench;
+};
 
 // Every secret below is distinctive enough that finding it anywhere in the
 // output can only mean it leaked.
-TEST(SluiceBinary, KeyMaterialNeverAppearsInItsLogs) {
-  const std::string binary = sluice_binary();
-  if (binary.empty()) GTEST_SKIP() << "sluice binary not found; set SLUICE_BINARY";
+TEST_F(SluiceBinary, KeyMaterialNeverAppearsInItsLogs) {
   const std::string team_a_key = "sk-team-a-Qv7Zr2Lm9Xw4";
   const std::string team_b_key = "sk-team-b-Hy3Kd8Np5Tc1";
   const std::string wrong_key = team_a_key + "x";
@@ -115,9 +141,7 @@ TEST(SluiceBinary, KeyMaterialNeverAppearsInItsLogs) {
   }
 }
 
-TEST(SluiceBinary, SighupReloadsAndSigtermDrainsStreamsThenExitsZero) {
-  const std::string binary = sluice_binary();
-  if (binary.empty()) GTEST_SKIP() << "sluice binary not found; set SLUICE_BINARY";
+TEST_F(SluiceBinary, SighupReloadsAndSigtermDrainsStreamsThenExitsZero) {
   mock::Behaviour slow_stream;
   slow_stream.interval = 40ms;
   slow_stream.tokens = 10;
@@ -204,9 +228,7 @@ std::optional<std::uint16_t> admin_port_of(const ChildProcess& sluice) {
   return port;
 }
 
-TEST(SluiceBinary, ReloadNamesChangedSettingsThatWaitForARestartAndAppliesTheLogLevel) {
-  const std::string binary = sluice_binary();
-  if (binary.empty()) GTEST_SKIP() << "sluice binary not found; set SLUICE_BINARY";
+TEST_F(SluiceBinary, ReloadNamesChangedSettingsThatWaitForARestartAndAppliesTheLogLevel) {
   auto upstream = start_mock({});
   auto config_text = [&](unsigned threads, const std::string& level) {
     return "server:\n  listen: 127.0.0.1:0\n  admin_listen: 127.0.0.1:0\n  threads: " +
@@ -276,9 +298,7 @@ std::string open_chat_config(const std::string& base_url, const std::string& ser
          "models:\n  - name: chat\n    deployments:\n" + deployment_yaml("d1", base_url);
 }
 
-TEST(SluiceBinary, WithBusyPollingItServesSaysSoAndStopsOnSigterm) {
-  const std::string binary = sluice_binary();
-  if (binary.empty()) GTEST_SKIP() << "sluice binary not found; set SLUICE_BINARY";
+TEST_F(SluiceBinary, WithBusyPollingItServesSaysSoAndStopsOnSigterm) {
   auto upstream = start_mock({});
   TempFile config(
       open_chat_config(upstream->base_url(), "  busy_poll_us: 200\n  drain_timeout: 5s\n"),
@@ -306,15 +326,6 @@ std::size_t resident_kib(pid_t pid) {
     if (line.rfind("VmRSS:", 0) == 0) return std::stoul(line.substr(6));
   }
   return 0;
-}
-
-// Whether `binary` allocates with mimalloc, as its --version says;
-// `version` is what it said.
-bool runs_on_mimalloc(const std::string& binary, std::string& version) {
-  ChildProcess child(binary, {"--version"});
-  EXPECT_EQ(child.wait_exit(10s), 0);
-  version = child.standard_output();
-  return version.find("allocator: mimalloc") != std::string::npos;
 }
 
 // Opens `streams` streams at once through the gateway on `port` (process
@@ -352,14 +363,8 @@ std::unique_ptr<mock::MockServer> start_held_stream_mock() {
 // What a burst of connections took is given back to the system once the
 // gateway has been quiet for server.memory_release_after, not kept until
 // traffic comes again.
-TEST(SluiceBinary, GivesBackTheMemoryOfABurstOfStreamsOnceItEnds) {
-  const std::string binary = sluice_binary();
-  if (binary.empty()) GTEST_SKIP() << "sluice binary not found; set SLUICE_BINARY";
-  const auto bench = built_binary("SLUICE_BENCH_BINARY", "tools/bench/sluice-bench");
-  if (!bench) GTEST_SKIP() << "sluice-bench not found; set SLUICE_BENCH_BINARY";
-  // How soon freed memory goes back is the allocator's: sanitizer builds
-  // run on theirs, which keeps freed memory in quarantine on purpose.
-  if (std::string version; !runs_on_mimalloc(binary, version)) GTEST_SKIP() << version;
+TEST_F(SluiceBinary, GivesBackTheMemoryOfABurstOfStreamsOnceItEnds) {
+  if (auto why = why_memory_cannot_be_measured(); !why.empty()) GTEST_SKIP() << why;
   constexpr unsigned kStreams = 1000;
   // Each stream holds a descriptor in the load generator and two in sluice.
   ASSERT_GT(raise_descriptor_limit(), 2 * kStreams + 256);
@@ -376,7 +381,7 @@ TEST(SluiceBinary, GivesBackTheMemoryOfABurstOfStreamsOnceItEnds) {
   ASSERT_GT(before, 0u);
 
   const std::size_t peak =
-      std::max(before, open_burst_of_streams(*bench, *port, sluice.pid(), kStreams));
+      std::max(before, open_burst_of_streams(bench, *port, sluice.pid(), kStreams));
   // About 14 KiB a held stream; well above what the process moves by alone.
   ASSERT_GT(peak, before + 6 * 1024) << "before " << before << " KiB, peak " << peak << " KiB";
 
@@ -415,13 +420,8 @@ std::uint64_t minor_faults(pid_t pid) {
 // stays, rather than going back to the system and faulting in again (a
 // madvise and 16 faults each time: 0.23 faults per request at concurrency
 // 64 on one thread when every empty page went back at once).
-TEST(SluiceBinary, KeepsItsPagesUnderASteadyLoad) {
-  const std::string binary = sluice_binary();
-  if (binary.empty()) GTEST_SKIP() << "sluice binary not found; set SLUICE_BINARY";
-  const auto bench = built_binary("SLUICE_BENCH_BINARY", "tools/bench/sluice-bench");
-  if (!bench) GTEST_SKIP() << "sluice-bench not found; set SLUICE_BENCH_BINARY";
-  // Another allocator keeps or gives back pages by rules of its own.
-  if (std::string version; !runs_on_mimalloc(binary, version)) GTEST_SKIP() << version;
+TEST_F(SluiceBinary, KeepsItsPagesUnderASteadyLoad) {
+  if (auto why = why_memory_cannot_be_measured(); !why.empty()) GTEST_SKIP() << why;
   auto upstream = start_mock({}, 2);
   std::string yaml = open_chat_config(upstream->base_url(), "", "  level: warn\n");
   yaml.replace(yaml.find("threads: 2"), 10, "threads: 1");
@@ -432,9 +432,9 @@ TEST(SluiceBinary, KeepsItsPagesUnderASteadyLoad) {
   TempFile results("", ".json");
   const auto load = [&](unsigned requests) {
     ChildProcess bench_run(
-        *bench, {"--url", "http://127.0.0.1:" + std::to_string(*port) + "/v1/chat/completions",
-                 "--model", "chat", "--concurrency", "64", "--requests", std::to_string(requests),
-                 "--warmup", "0s", "--timeout", "20s", "--json", results.path()});
+        bench, {"--url", "http://127.0.0.1:" + std::to_string(*port) + "/v1/chat/completions",
+                "--model", "chat", "--concurrency", "64", "--requests", std::to_string(requests),
+                "--warmup", "0s", "--timeout", "20s", "--json", results.path()});
     ASSERT_EQ(bench_run.wait_exit(60s), 0) << bench_run.standard_error();
     const auto outcome = json::parse(std::ifstream(results.path()));
     ASSERT_EQ(outcome["errors"], 0) << outcome.dump();
@@ -454,12 +454,8 @@ TEST(SluiceBinary, KeepsItsPagesUnderASteadyLoad) {
 // A second burst soon after the first finds the memory the first one took:
 // faulting it in again cost each stream about 3.5 page faults, a third of
 // the gateway's CPU time for a burst.
-TEST(SluiceBinary, KeepsTheMemoryOfABurstForTheNextOne) {
-  const std::string binary = sluice_binary();
-  if (binary.empty()) GTEST_SKIP() << "sluice binary not found; set SLUICE_BINARY";
-  const auto bench = built_binary("SLUICE_BENCH_BINARY", "tools/bench/sluice-bench");
-  if (!bench) GTEST_SKIP() << "sluice-bench not found; set SLUICE_BENCH_BINARY";
-  if (std::string version; !runs_on_mimalloc(binary, version)) GTEST_SKIP() << version;
+TEST_F(SluiceBinary, KeepsTheMemoryOfABurstForTheNextOne) {
+  if (auto why = why_memory_cannot_be_measured(); !why.empty()) GTEST_SKIP() << why;
   constexpr unsigned kStreams = 1000;
   ASSERT_GT(raise_descriptor_limit(), 2 * kStreams + 256);
   auto upstream = start_held_stream_mock();
@@ -469,12 +465,12 @@ TEST(SluiceBinary, KeepsTheMemoryOfABurstForTheNextOne) {
   ASSERT_TRUE(port) << sluice.standard_error();
 
   const std::uint64_t at_start = minor_faults(sluice.pid());
-  open_burst_of_streams(*bench, *port, sluice.pid(), kStreams);
+  open_burst_of_streams(bench, *port, sluice.pid(), kStreams);
   const std::uint64_t first = minor_faults(sluice.pid()) - at_start;
   // Quiet for longer than a worker once took to give its memory back.
   std::this_thread::sleep_for(2500ms);
   const std::uint64_t between = minor_faults(sluice.pid());
-  open_burst_of_streams(*bench, *port, sluice.pid(), kStreams);
+  open_burst_of_streams(bench, *port, sluice.pid(), kStreams);
   const std::uint64_t second = minor_faults(sluice.pid()) - between;
   EXPECT_GT(first, kStreams);
   EXPECT_LT(second, first / 4) << first << " page faults in the first burst, " << second
