@@ -286,5 +286,58 @@ TEST(Compare, CountsTheConnectsDroppedOnAFullListenQueue) {
   EXPECT_GE(full["listen_drops"].get<std::uint64_t>(), 3u) << full.dump();
 }
 
+// With --stall-probe, a stall in a request's wait for its first byte sets
+// the request apart: here the whole process, load generator and upstream
+// alike, is stopped for 30 ms while the first target's streams wait for
+// theirs (40 ms each).
+TEST(Compare, SetsApartTheRequestsACpuStallTouched) {
+  auto direct = start_mock(40ms);
+  auto other = start_mock(40ms);
+  const std::vector<std::string> arguments = {
+      "--target", "direct=" + direct->base_url() + "/chat/completions",
+      "--target", "other=" + other->base_url() + "/chat/completions",
+      "--rounds", "1",
+      "--model",  "bench-model",
+      "--stream", "--concurrency",
+      "2",        "--requests",
+      "6",        "--warmup",
+      "0s",       "--timeout",
+      "10s",      "--stall-probe"};
+  const pid_t parent = getpid();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    usleep(20000);
+    kill(parent, SIGSTOP);
+    usleep(30000);
+    kill(parent, SIGCONT);
+    _exit(0);
+  }
+  const CompareRun run = run_compare_with(arguments, "stalls");
+  waitpid(child, nullptr, 0);
+
+  EXPECT_NE(run.table.find("| TTFT p99, no CPU stall in it (µs) |"), std::string::npos)
+      << run.table;
+  EXPECT_NE(run.table.find("| CPU stalls (all rounds) |"), std::string::npos) << run.table;
+  const auto& stalled = target_named(run.document, "direct")["rounds"][0];
+  ASSERT_TRUE(stalled.contains("cpu_stalls")) << stalled.dump();
+  EXPECT_GE(stalled["cpu_stalls"].get<std::uint64_t>(), 1u) << stalled.dump();
+  const auto touched = stalled["stall_touched"].get<std::uint64_t>();
+  EXPECT_GE(touched, 1u) << stalled.dump();
+  EXPECT_EQ(touched + stalled["ttft_untouched_us"]["count"].get<std::uint64_t>(),
+            stalled["ok"].get<std::uint64_t>())
+      << stalled.dump();
+}
+
+// Without the probe, none of its rows or figures.
+TEST(Compare, PrintsNoStallRowsWithoutTheProbe) {
+  auto direct = start_mock(0ms);
+  auto slow = start_mock(2ms);
+  auto slower = start_mock(4ms);
+  const CompareRun run = run_compare_with(three_targets(*direct, *slow, *slower, "1"), "noprobe");
+  EXPECT_EQ(run.table.find("CPU stall"), std::string::npos) << run.table;
+  EXPECT_FALSE(target_named(run.document, "slow")["rounds"][0].contains("cpu_stalls"));
+}
+
 }  // namespace
 }  // namespace sluice::bench

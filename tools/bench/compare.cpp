@@ -22,6 +22,7 @@
 #include "load_runner.hpp"
 #include "options.hpp"
 #include "report.hpp"
+#include "stall_probe.hpp"
 
 namespace sluice::bench {
 
@@ -47,6 +48,7 @@ struct RoundValue {
   double kernel_us_per_request = kMissing;
   double sleeps_per_request = kMissing;
   std::optional<std::uint64_t> listen_drops;  // machine-wide, during this run
+  std::optional<std::uint64_t> stalls;        // CPU stalls, with --stall-probe
 };
 
 struct Metric {
@@ -81,6 +83,14 @@ const Metric kMetrics[] = {
      latency_figure<&RunSummary::delay, &LatencySummary::p99>},
     {"gap stretch p99 (µs)", "stretch_p99_us",
      latency_figure<&RunSummary::stretch, &LatencySummary::p99>},
+    {"TTFT p99, no CPU stall in it (µs)", "ttft_untouched_p99_us",
+     latency_figure<&RunSummary::ttft_untouched, &LatencySummary::p99>},
+    {"requests a CPU stall touched (%)", "stall_touched_percent",
+     [](const RoundValue& v) {
+       const double touched = static_cast<double>(v.summary.stall_touched);
+       const double all = touched + static_cast<double>(v.summary.ttft_untouched.count);
+       return v.stalls && all > 0 ? 100 * touched / all : kMissing;
+     }},
     {"req/s", "requests_per_second",
      [](const RoundValue& v) { return v.summary.requests_per_second; }, true},
     {"CPU µs/req", "cpu_us_per_request", [](const RoundValue& v) { return v.cpu_us_per_request; },
@@ -105,6 +115,8 @@ const PooledTail kPooledTails[] = {
     {"TTFT p99, rounds pooled (µs)", "ttft_p99_us", &RunSummary::ttft},
     {"event delay p99, rounds pooled (µs)", "delay_p99_us", &RunSummary::delay},
     {"gap stretch p99, rounds pooled (µs)", "stretch_p99_us", &RunSummary::stretch},
+    {"TTFT p99, no CPU stall in it, rounds pooled (µs)", "ttft_untouched_p99_us",
+     &RunSummary::ttft_untouched},
 };
 
 double pooled_p99(const RunSummary& pooled, const PooledTail& tail) {
@@ -294,6 +306,11 @@ void print_progress(std::size_t round, std::size_t rounds, const CompareTarget& 
     std::cerr << line;
   }
   if (value.listen_drops.value_or(0) > 0) std::cerr << "  listen drops " << *value.listen_drops;
+  if (value.stalls) {
+    std::snprintf(line, sizeof line, "  %llu CPU stalls, ttft p99 without %.1f µs",
+                  static_cast<unsigned long long>(*value.stalls), s.ttft_untouched.p99);
+    std::cerr << line;
+  }
   if (s.errors > 0) {
     std::cerr << "  errors";
     for (std::size_t kind = 0; kind < kErrorKindCount; ++kind) {
@@ -316,6 +333,7 @@ int run_compare(int argc, char** argv, int first) {
   std::string json_path;
   std::string samples_prefix;
   std::string reference_name;
+  bool stall_probe = false;
 
   ArgumentCursor cursor(argc, argv, first);
   while (cursor.next()) {
@@ -349,6 +367,9 @@ int run_compare(int argc, char** argv, int first) {
       samples_prefix = std::string(cursor.value());
     } else if (name == "--reference") {
       reference_name = std::string(cursor.value());
+    } else if (name == "--stall-probe") {
+      stall_probe = true;
+      options.keep_ttft_windows = true;
     } else {
       throw UsageError{"unknown option '" + std::string(name) + "'"};
     }
@@ -395,12 +416,20 @@ int run_compare(int argc, char** argv, int first) {
       const auto ticks_before = sum_over(target.cpu_pids, stat_ticks);
       const auto sleeps_before = sum_over(target.cpu_pids, voluntary_sleeps);
       const auto drops_before = listen_drops();
+      std::optional<StallProbe> probe;
+      if (stall_probe) probe.emplace();
       RunResult result = run_load(target.url, options, target.request);
       const auto ticks_after = sum_over(target.cpu_pids, stat_ticks);
       const auto sleeps_after = sum_over(target.cpu_pids, voluntary_sleeps);
       const auto drops_after = listen_drops();
 
       RoundValue value;
+      if (probe) {
+        const std::vector<Stall> stalls = probe->stop();
+        set_apart_stalled(result, stalls);
+        value.stalls = stalls.size();
+        result.ttft_windows = {};
+      }
       value.summary = summarize(result);
       const bool charged = !target.cpu_pids.empty() && result.exchanges > 0;
       const auto per_request = [&](std::uint64_t before, std::uint64_t after, double scale) {
@@ -542,6 +571,16 @@ int run_compare(int argc, char** argv, int first) {
     for (std::size_t c = target_count; c < columns; ++c) table << " |";
     table << "\n";
   }
+  if (stall_probe) {
+    table << "| CPU stalls (all rounds) |";
+    for (std::size_t t = 0; t < target_count; ++t) {
+      std::uint64_t stalls = 0;
+      for (const auto& value : values[t]) stalls += value.stalls.value_or(0);
+      table << " " << stalls << " |";
+    }
+    for (std::size_t c = target_count; c < columns; ++c) table << " |";
+    table << "\n";
+  }
 
   if (!title.empty()) std::cout << "### " << title << "\n\n";
   if (!description.empty()) std::cout << description << "\n\n";
@@ -562,6 +601,13 @@ int run_compare(int argc, char** argv, int first) {
     std::cout << " Connects dropped: connections the kernel dropped on a full listen queue while"
                  " the target ran, machine-wide (the target's queue or its upstream's); each"
                  " one's client sends it again a second later.";
+  }
+  if (stall_probe) {
+    std::cout << " CPU stalls: a probe thread bound to each CPU sleeps " << kProbeSleep.count()
+              << " µs at a time; a wake-up more than " << kStallThreshold.count()
+              << " µs late means the CPU served no waiting thread (the hypervisor or other work"
+                 " held it), from that sleep's start to the wake-up. \"no CPU stall in it\": the"
+                 " requests whose wait for their first byte overlapped no stall on any CPU.";
   }
   if (rounds >= 2) {
     std::cout << " \"rounds pooled\" rows: the P99 of all rounds' samples together, and its"
@@ -592,6 +638,7 @@ int run_compare(int argc, char** argv, int first) {
           if (metric.baseline_is_zero && !std::isnan(figure)) round_json[metric.key] = figure;
         }
         if (value.listen_drops) round_json["listen_drops"] = *value.listen_drops;
+        if (value.stalls) round_json["cpu_stalls"] = *value.stalls;
         target_json["rounds"].push_back(std::move(round_json));
       }
       target_json["all_rounds"] = to_json(pooled[t]);

@@ -47,12 +47,6 @@ constexpr auto kWatchdogPeriod = std::chrono::milliseconds(50);
 // tries again, so a dead target is not hammered in a tight loop.
 constexpr auto kReconnectBackoff = std::chrono::milliseconds(100);
 
-std::uint64_t nanoseconds_between(Clock::time_point from, Clock::time_point to) {
-  if (to <= from) return 0;
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count());
-}
-
 Clock::time_point saturating_add(Clock::time_point point, Clock::duration duration) {
   if (point > Clock::time_point::max() - duration) return Clock::time_point::max();
   return point + duration;
@@ -394,7 +388,9 @@ class ThreadRun {
     if (now >= plan_.warmup_end && now <= plan_.deadline) ++result_.completed_in_window;
     if (!measured) co_return;
     ++result_.ok;
-    result_.ttft.record(nanoseconds_between(origin, have_body ? first_body_at : now));
+    const Clock::time_point first_byte_at = have_body ? first_body_at : now;
+    result_.ttft.record(nanoseconds_between(origin, first_byte_at));
+    if (options_.keep_ttft_windows) result_.ttft_windows.push_back({origin, first_byte_at});
     result_.total.record(nanoseconds_between(origin, now));
     result_.body_bytes += body_bytes;
     result_.events += events;
@@ -501,6 +497,9 @@ void RunResult::merge(const RunResult& other) {
   gap.merge(other.gap);
   delay.merge(other.delay);
   stretch.merge(other.stretch);
+  ttft_untouched.merge(other.ttft_untouched);
+  ttft_windows.insert(ttft_windows.end(), other.ttft_windows.begin(), other.ttft_windows.end());
+  stall_touched += other.stall_touched;
   ok += other.ok;
   body_bytes += other.body_bytes;
   events += other.events;

@@ -1,9 +1,11 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "histogram.hpp"
 #include "options.hpp"
@@ -25,6 +27,18 @@ enum class ErrorKind : unsigned {
 inline constexpr std::size_t kErrorKindCount = 10;
 std::string_view error_name(ErrorKind kind);
 
+inline std::uint64_t nanoseconds_between(Clock::time_point from, Clock::time_point to) {
+  if (to <= from) return 0;
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count());
+}
+
+// A measured request's start and the arrival of its first body byte.
+struct TtftWindow {
+  Clock::time_point start;
+  Clock::time_point first_byte;
+};
+
 // What one run measured. Latencies are in nanoseconds and cover only the
 // requests whose (scheduled) start fell after the warmup and which got a 2xx.
 struct RunResult {
@@ -35,6 +49,13 @@ struct RunResult {
   // which the steady clock makes comparable on one machine:
   LatencyHistogram delay;    // the mock's write of an event -> its arrival here
   LatencyHistogram stretch;  // how much longer a gap arrived than it was sent
+  // With LoadOptions::keep_ttft_windows, every measured request's
+  // (start, first byte), in no particular order.
+  std::vector<TtftWindow> ttft_windows;
+  // Filled by set_apart_stalled (stall_probe.hpp): the TTFT of the requests
+  // no CPU stall overlapped, and how many one did.
+  LatencyHistogram ttft_untouched;
+  std::uint64_t stall_touched = 0;
   std::uint64_t ok = 0;
   std::uint64_t body_bytes = 0;
   std::uint64_t events = 0;

@@ -22,7 +22,7 @@ constexpr std::string_view kUsage =
     R"(usage: sluice-bench --url URL --model NAME [load options] [--json FILE] [--hdr-out FILE]
        sluice-bench compare --target NAME=URL... [--rounds N] [load options]
                     [--cpu-pid NAME=PID[,PID...]] [--title TEXT] [--description TEXT]
-                    [--json FILE] [--samples PREFIX] [--reference NAME]
+                    [--json FILE] [--samples PREFIX] [--reference NAME] [--stall-probe]
 
 Load options:
   --url URL              http://host:port/path to POST to (single run)
@@ -70,6 +70,9 @@ Compare:
   --samples PREFIX       write PREFIX<NAME>.cdf distributions of all rounds
   --reference NAME       ratio columns: each other target's added figures over
                          NAME's (default: the second target's over the third's)
+  --stall-probe          watch every CPU for stalls while each target runs (a
+                         thread per CPU, waking every 250 µs) and report the TTFT
+                         of the requests no stall overlapped beside all of them
 
 TTFT is the time to the first body byte (the first event of a stream). Gaps
 are the times between the ends of consecutive server-sent events. Times are

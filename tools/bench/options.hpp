@@ -53,6 +53,9 @@ struct LoadOptions {
   std::vector<std::string> headers;  // "name: value"
   std::string body_file;
   unsigned threads = 1;
+  // Not an option of its own: compare sets it to look for stalls in each
+  // request's wait for its first byte (RunResult::ttft_windows).
+  bool keep_ttft_windows = false;
 
   bool open_loop() const { return rate > 0; }
 };

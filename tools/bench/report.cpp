@@ -53,6 +53,8 @@ RunSummary summarize(const RunResult& result) {
   summary.gap = summarize(result.gap);
   summary.delay = summarize(result.delay);
   summary.stretch = summarize(result.stretch);
+  summary.ttft_untouched = summarize(result.ttft_untouched);
+  summary.stall_touched = result.stall_touched;
   summary.requests_per_second = result.requests_per_second;
   summary.measured_seconds = result.measured_seconds;
   summary.ok = result.ok;
@@ -102,20 +104,25 @@ nlohmann::json to_json(const RunSummary& summary) {
   for (std::size_t kind = 0; kind < kErrorKindCount; ++kind) {
     errors[std::string(error_name(static_cast<ErrorKind>(kind)))] = summary.errors_by_kind[kind];
   }
-  return {{"ok", summary.ok},
-          {"errors", summary.errors},
-          {"errors_by_kind", errors},
-          {"requests_per_second", summary.requests_per_second},
-          {"measured_seconds", summary.measured_seconds},
-          {"exchanges", summary.exchanges},
-          {"body_bytes", summary.body_bytes},
-          {"events", summary.events},
-          {"peak_connections", summary.peak_connections},
-          {"ttft_us", latency_json(summary.ttft)},
-          {"total_us", latency_json(summary.total)},
-          {"gap_us", latency_json(summary.gap)},
-          {"delay_us", latency_json(summary.delay)},
-          {"stretch_us", latency_json(summary.stretch)}};
+  nlohmann::json json = {{"ok", summary.ok},
+                         {"errors", summary.errors},
+                         {"errors_by_kind", errors},
+                         {"requests_per_second", summary.requests_per_second},
+                         {"measured_seconds", summary.measured_seconds},
+                         {"exchanges", summary.exchanges},
+                         {"body_bytes", summary.body_bytes},
+                         {"events", summary.events},
+                         {"peak_connections", summary.peak_connections},
+                         {"ttft_us", latency_json(summary.ttft)},
+                         {"total_us", latency_json(summary.total)},
+                         {"gap_us", latency_json(summary.gap)},
+                         {"delay_us", latency_json(summary.delay)},
+                         {"stretch_us", latency_json(summary.stretch)}};
+  if (summary.ttft_untouched.count > 0 || summary.stall_touched > 0) {
+    json["ttft_untouched_us"] = latency_json(summary.ttft_untouched);
+    json["stall_touched"] = summary.stall_touched;
+  }
+  return json;
 }
 
 void write_cdf_file(const std::string& path, const RunResult& result) {
