@@ -294,15 +294,16 @@ TEST(Compare, SetsApartTheRequestsACpuStallTouched) {
   auto direct = start_mock(40ms);
   auto other = start_mock(40ms);
   const std::vector<std::string> arguments = {
-      "--target", "direct=" + direct->base_url() + "/chat/completions",
-      "--target", "other=" + other->base_url() + "/chat/completions",
-      "--rounds", "1",
-      "--model",  "bench-model",
-      "--stream", "--concurrency",
-      "2",        "--requests",
-      "6",        "--warmup",
-      "0s",       "--timeout",
-      "10s",      "--stall-probe"};
+      "--target",      "direct=" + direct->base_url() + "/chat/completions",
+      "--target",      "other=" + other->base_url() + "/chat/completions",
+      "--rounds",      "1",
+      "--model",       "bench-model",
+      "--concurrency", "2",
+      "--requests",    "6",
+      "--warmup",      "0s",
+      "--timeout",     "10s",
+      "--header",      "x-mock-stamp: 1",
+      "--stream",      "--stall-probe"};
   const pid_t parent = getpid();
   const pid_t child = fork();
   ASSERT_GE(child, 0);
@@ -322,10 +323,19 @@ TEST(Compare, SetsApartTheRequestsACpuStallTouched) {
   const auto& stalled = target_named(run.document, "direct")["rounds"][0];
   ASSERT_TRUE(stalled.contains("cpu_stalls")) << stalled.dump();
   EXPECT_GE(stalled["cpu_stalls"].get<std::uint64_t>(), 1u) << stalled.dump();
-  const auto touched = stalled["stall_touched"].get<std::uint64_t>();
+  const auto touched = stalled["ttft_touched"].get<std::uint64_t>();
   EXPECT_GE(touched, 1u) << stalled.dump();
   EXPECT_EQ(touched + stalled["ttft_untouched_us"]["count"].get<std::uint64_t>(),
             stalled["ok"].get<std::uint64_t>())
+      << stalled.dump();
+  // The stamped events' gaps are sorted the same way, each to one side.
+  EXPECT_NE(run.table.find("| gap stretch p99, no CPU stall in it (µs) |"), std::string::npos)
+      << run.table;
+  const auto stretches = stalled["stretch_us"]["count"].get<std::uint64_t>();
+  EXPECT_GE(stretches, 1u) << stalled.dump();
+  EXPECT_EQ(stalled["stretch_touched"].get<std::uint64_t>() +
+                stalled["stretch_untouched_us"]["count"].get<std::uint64_t>(),
+            stretches)
       << stalled.dump();
 }
 

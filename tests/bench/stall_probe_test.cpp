@@ -26,20 +26,23 @@ TEST(LateWakeups, TakesAWakeUpPastTheThresholdForAStallFromTheSleepsStart) {
   EXPECT_EQ(seen.stalls()[0].to, kStart + 2ms + 1900us);
 }
 
-RunResult with_windows(std::initializer_list<std::pair<Clock::duration, Clock::duration>> windows) {
-  RunResult result;
-  for (const auto& [start, first_byte] : windows) {
-    result.ttft_windows.push_back({kStart + start, kStart + first_byte});
+std::vector<TimedSample> samples_over(
+    std::initializer_list<std::pair<Clock::duration, Clock::duration>> times) {
+  std::vector<TimedSample> samples;
+  for (const auto& [from, to] : times) {
+    samples.push_back(
+        {kStart + from, kStart + to, nanoseconds_between(kStart + from, kStart + to)});
   }
-  return result;
+  return samples;
 }
 
-TEST(SetApartStalled, CountsTheRequestsAStallOverlappedAndKeepsTheOthers) {
+TEST(SetApartStalled, CountsTheSamplesAStallOverlappedAndKeepsTheOthers) {
   // A long stall, a short one that starts inside it, and one later.
   const std::vector<Stall> stalls = {{kStart + 10ms, kStart + 20ms},
                                      {kStart + 11ms, kStart + 12ms},
                                      {kStart + 30ms, kStart + 31ms}};
-  RunResult result = with_windows({
+  RunResult result;
+  result.ttft_samples = samples_over({
       {0ms, 1ms},       // before every stall
       {9ms, 10ms},      // ends as the long stall starts
       {15ms, 16ms},     // inside the long stall, after the short one ended
@@ -47,18 +50,27 @@ TEST(SetApartStalled, CountsTheRequestsAStallOverlappedAndKeepsTheOthers) {
       {29ms, 35ms},     // around the last one
       {40ms, 41ms},     // after every stall
   });
+  // Gaps between events: the same sorting, on the other kind of sample.
+  result.stretch_samples = samples_over({{21ms, 29ms}, {30500us, 32ms}, {45ms, 46ms}});
   set_apart_stalled(result, stalls);
-  EXPECT_EQ(result.stall_touched, 3u);
+  EXPECT_EQ(result.ttft_touched, 3u);
   EXPECT_EQ(result.ttft_untouched.count(), 3u);
   // The longest untouched wait is the one between the stalls.
   EXPECT_NEAR(static_cast<double>(result.ttft_untouched.max()), 8.5e6, 8.5e3);
+  EXPECT_EQ(result.stretch_touched, 1u);
+  EXPECT_EQ(result.stretch_untouched.count(), 2u);
+  EXPECT_NEAR(static_cast<double>(result.stretch_untouched.max()), 8e6, 8e3);
 }
 
-TEST(SetApartStalled, KeepsEveryRequestWithoutStalls) {
-  RunResult result = with_windows({{0ms, 1ms}, {2ms, 5ms}});
+TEST(SetApartStalled, KeepsEverySampleWithoutStalls) {
+  RunResult result;
+  result.ttft_samples = samples_over({{0ms, 1ms}, {2ms, 5ms}});
+  result.stretch_samples = samples_over({{1ms, 2ms}});
   set_apart_stalled(result, {});
-  EXPECT_EQ(result.stall_touched, 0u);
+  EXPECT_EQ(result.ttft_touched, 0u);
   EXPECT_EQ(result.ttft_untouched.count(), 2u);
+  EXPECT_EQ(result.stretch_touched, 0u);
+  EXPECT_EQ(result.stretch_untouched.count(), 1u);
 }
 
 // The whole process stopped for 30 ms (by a child, with SIGSTOP and

@@ -85,12 +85,14 @@ const Metric kMetrics[] = {
      latency_figure<&RunSummary::stretch, &LatencySummary::p99>},
     {"TTFT p99, no CPU stall in it (µs)", "ttft_untouched_p99_us",
      latency_figure<&RunSummary::ttft_untouched, &LatencySummary::p99>},
-    {"requests a CPU stall touched (%)", "stall_touched_percent",
+    {"requests a CPU stall touched (%)", "ttft_touched_percent",
      [](const RoundValue& v) {
-       const double touched = static_cast<double>(v.summary.stall_touched);
+       const double touched = static_cast<double>(v.summary.ttft_touched);
        const double all = touched + static_cast<double>(v.summary.ttft_untouched.count);
        return v.stalls && all > 0 ? 100 * touched / all : kMissing;
      }},
+    {"gap stretch p99, no CPU stall in it (µs)", "stretch_untouched_p99_us",
+     latency_figure<&RunSummary::stretch_untouched, &LatencySummary::p99>},
     {"req/s", "requests_per_second",
      [](const RoundValue& v) { return v.summary.requests_per_second; }, true},
     {"CPU µs/req", "cpu_us_per_request", [](const RoundValue& v) { return v.cpu_us_per_request; },
@@ -117,6 +119,8 @@ const PooledTail kPooledTails[] = {
     {"gap stretch p99, rounds pooled (µs)", "stretch_p99_us", &RunSummary::stretch},
     {"TTFT p99, no CPU stall in it, rounds pooled (µs)", "ttft_untouched_p99_us",
      &RunSummary::ttft_untouched},
+    {"gap stretch p99, no CPU stall in it, rounds pooled (µs)", "stretch_untouched_p99_us",
+     &RunSummary::stretch_untouched},
 };
 
 double pooled_p99(const RunSummary& pooled, const PooledTail& tail) {
@@ -369,7 +373,7 @@ int run_compare(int argc, char** argv, int first) {
       reference_name = std::string(cursor.value());
     } else if (name == "--stall-probe") {
       stall_probe = true;
-      options.keep_ttft_windows = true;
+      options.keep_sample_times = true;
     } else {
       throw UsageError{"unknown option '" + std::string(name) + "'"};
     }
@@ -428,7 +432,8 @@ int run_compare(int argc, char** argv, int first) {
         const std::vector<Stall> stalls = probe->stop();
         set_apart_stalled(result, stalls);
         value.stalls = stalls.size();
-        result.ttft_windows = {};
+        result.ttft_samples = {};
+        result.stretch_samples = {};
       }
       value.summary = summarize(result);
       const bool charged = !target.cpu_pids.empty() && result.exchanges > 0;
@@ -607,7 +612,8 @@ int run_compare(int argc, char** argv, int first) {
               << " µs at a time; a wake-up more than " << kStallThreshold.count()
               << " µs late means the CPU served no waiting thread (the hypervisor or other work"
                  " held it), from that sleep's start to the wake-up. \"no CPU stall in it\": the"
-                 " requests whose wait for their first byte overlapped no stall on any CPU.";
+                 " requests whose wait for their first byte, or the events whose time since the"
+                 " event before, overlapped no stall on any CPU.";
   }
   if (rounds >= 2) {
     std::cout << " \"rounds pooled\" rows: the P99 of all rounds' samples together, and its"

@@ -333,7 +333,11 @@ class ThreadRun {
           // events in one read) is no stall: nothing added.
           if (have_event && last_sent_at != Clock::time_point{}) {
             const Clock::time_point kept_gap_at = last_event_at + (sent_at - last_sent_at);
-            result_.stretch.record(nanoseconds_between(kept_gap_at, now));
+            const std::uint64_t stretch = nanoseconds_between(kept_gap_at, now);
+            result_.stretch.record(stretch);
+            if (options_.keep_sample_times) {
+              result_.stretch_samples.push_back({last_event_at, now, stretch});
+            }
           }
         }
         have_event = true;
@@ -389,8 +393,9 @@ class ThreadRun {
     if (!measured) co_return;
     ++result_.ok;
     const Clock::time_point first_byte_at = have_body ? first_body_at : now;
-    result_.ttft.record(nanoseconds_between(origin, first_byte_at));
-    if (options_.keep_ttft_windows) result_.ttft_windows.push_back({origin, first_byte_at});
+    const std::uint64_t ttft = nanoseconds_between(origin, first_byte_at);
+    result_.ttft.record(ttft);
+    if (options_.keep_sample_times) result_.ttft_samples.push_back({origin, first_byte_at, ttft});
     result_.total.record(nanoseconds_between(origin, now));
     result_.body_bytes += body_bytes;
     result_.events += events;
@@ -497,9 +502,13 @@ void RunResult::merge(const RunResult& other) {
   gap.merge(other.gap);
   delay.merge(other.delay);
   stretch.merge(other.stretch);
+  ttft_samples.insert(ttft_samples.end(), other.ttft_samples.begin(), other.ttft_samples.end());
+  stretch_samples.insert(stretch_samples.end(), other.stretch_samples.begin(),
+                         other.stretch_samples.end());
   ttft_untouched.merge(other.ttft_untouched);
-  ttft_windows.insert(ttft_windows.end(), other.ttft_windows.begin(), other.ttft_windows.end());
-  stall_touched += other.stall_touched;
+  ttft_touched += other.ttft_touched;
+  stretch_untouched.merge(other.stretch_untouched);
+  stretch_touched += other.stretch_touched;
   ok += other.ok;
   body_bytes += other.body_bytes;
   events += other.events;

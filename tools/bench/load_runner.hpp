@@ -33,10 +33,13 @@ inline std::uint64_t nanoseconds_between(Clock::time_point from, Clock::time_poi
       std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count());
 }
 
-// A measured request's start and the arrival of its first body byte.
-struct TtftWindow {
-  Clock::time_point start;
-  Clock::time_point first_byte;
+// A measured value and the time in which it came about: a request's start
+// to its first body byte (TTFT), or an event's previous one to its arrival
+// (gap stretch).
+struct TimedSample {
+  Clock::time_point from;
+  Clock::time_point to;
+  std::uint64_t nanoseconds;
 };
 
 // What one run measured. Latencies are in nanoseconds and cover only the
@@ -49,13 +52,16 @@ struct RunResult {
   // which the steady clock makes comparable on one machine:
   LatencyHistogram delay;    // the mock's write of an event -> its arrival here
   LatencyHistogram stretch;  // how much longer a gap arrived than it was sent
-  // With LoadOptions::keep_ttft_windows, every measured request's
-  // (start, first byte), in no particular order.
-  std::vector<TtftWindow> ttft_windows;
-  // Filled by set_apart_stalled (stall_probe.hpp): the TTFT of the requests
-  // no CPU stall overlapped, and how many one did.
+  // With LoadOptions::keep_sample_times, the TTFT and gap stretch samples
+  // with their times, in no particular order.
+  std::vector<TimedSample> ttft_samples;
+  std::vector<TimedSample> stretch_samples;
+  // Filled by set_apart_stalled (stall_probe.hpp): the samples no CPU stall
+  // overlapped, and how many one did.
   LatencyHistogram ttft_untouched;
-  std::uint64_t stall_touched = 0;
+  std::uint64_t ttft_touched = 0;
+  LatencyHistogram stretch_untouched;
+  std::uint64_t stretch_touched = 0;
   std::uint64_t ok = 0;
   std::uint64_t body_bytes = 0;
   std::uint64_t events = 0;

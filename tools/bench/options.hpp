@@ -53,9 +53,9 @@ struct LoadOptions {
   std::vector<std::string> headers;  // "name: value"
   std::string body_file;
   unsigned threads = 1;
-  // Not an option of its own: compare sets it to look for stalls in each
-  // request's wait for its first byte (RunResult::ttft_windows).
-  bool keep_ttft_windows = false;
+  // Not an option of its own: compare sets it to look for stalls in the
+  // times of the TTFT and gap stretch samples (RunResult::ttft_samples).
+  bool keep_sample_times = false;
 
   bool open_loop() const { return rate > 0; }
 };

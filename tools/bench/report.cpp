@@ -54,7 +54,9 @@ RunSummary summarize(const RunResult& result) {
   summary.delay = summarize(result.delay);
   summary.stretch = summarize(result.stretch);
   summary.ttft_untouched = summarize(result.ttft_untouched);
-  summary.stall_touched = result.stall_touched;
+  summary.ttft_touched = result.ttft_touched;
+  summary.stretch_untouched = summarize(result.stretch_untouched);
+  summary.stretch_touched = result.stretch_touched;
   summary.requests_per_second = result.requests_per_second;
   summary.measured_seconds = result.measured_seconds;
   summary.ok = result.ok;
@@ -118,9 +120,11 @@ nlohmann::json to_json(const RunSummary& summary) {
                          {"gap_us", latency_json(summary.gap)},
                          {"delay_us", latency_json(summary.delay)},
                          {"stretch_us", latency_json(summary.stretch)}};
-  if (summary.ttft_untouched.count > 0 || summary.stall_touched > 0) {
+  if (summary.ttft_untouched.count > 0 || summary.ttft_touched > 0) {
     json["ttft_untouched_us"] = latency_json(summary.ttft_untouched);
-    json["stall_touched"] = summary.stall_touched;
+    json["ttft_touched"] = summary.ttft_touched;
+    json["stretch_untouched_us"] = latency_json(summary.stretch_untouched);
+    json["stretch_touched"] = summary.stretch_touched;
   }
   return json;
 }

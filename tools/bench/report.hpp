@@ -31,10 +31,12 @@ struct RunSummary {
   LatencySummary gap;
   LatencySummary delay;
   LatencySummary stretch;
-  // Only from a run with a stall probe (set_apart_stalled): the TTFT of the
-  // requests no CPU stall overlapped, and how many one did.
+  // Only from a run with a stall probe (set_apart_stalled): the samples no
+  // CPU stall overlapped, and how many one did.
   LatencySummary ttft_untouched;
-  std::uint64_t stall_touched = 0;
+  std::uint64_t ttft_touched = 0;
+  LatencySummary stretch_untouched;
+  std::uint64_t stretch_touched = 0;
   double requests_per_second = 0;
   double measured_seconds = 0;
   std::uint64_t ok = 0;

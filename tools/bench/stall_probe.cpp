@@ -66,26 +66,31 @@ std::vector<Stall> StallProbe::stop() {
 }
 
 void set_apart_stalled(RunResult& result, const std::vector<Stall>& stalls) {
-  // The stalls that start no later than `to`, the latest first, and the
-  // longest reach of any stall so far: a window is touched when one of the
-  // stalls starting before its end reaches past its start.
+  // A sample is touched when one of the stalls that start before its end
+  // reaches past its start: the furthest any of the first i stalls reaches
+  // answers that for every sample at once.
   std::vector<Clock::time_point> reach_so_far(stalls.size());
   Clock::time_point reach = Clock::time_point::min();
   for (std::size_t i = 0; i < stalls.size(); ++i) {
     reach = std::max(reach, stalls[i].to);
     reach_so_far[i] = reach;
   }
-  for (const TtftWindow& window : result.ttft_windows) {
-    const auto after_end =
-        std::upper_bound(stalls.begin(), stalls.end(), window.first_byte,
-                         [](Clock::time_point at, const Stall& stall) { return at < stall.from; });
-    const auto before = static_cast<std::size_t>(after_end - stalls.begin());
-    if (before > 0 && reach_so_far[before - 1] >= window.start) {
-      ++result.stall_touched;
-    } else {
-      result.ttft_untouched.record(nanoseconds_between(window.start, window.first_byte));
+  auto sort_apart = [&](const std::vector<TimedSample>& samples, LatencyHistogram& untouched,
+                        std::uint64_t& touched) {
+    for (const TimedSample& sample : samples) {
+      const auto after_end = std::upper_bound(
+          stalls.begin(), stalls.end(), sample.to,
+          [](Clock::time_point at, const Stall& stall) { return at < stall.from; });
+      const auto before = static_cast<std::size_t>(after_end - stalls.begin());
+      if (before > 0 && reach_so_far[before - 1] >= sample.from) {
+        ++touched;
+      } else {
+        untouched.record(sample.nanoseconds);
+      }
     }
-  }
+  };
+  sort_apart(result.ttft_samples, result.ttft_untouched, result.ttft_touched);
+  sort_apart(result.stretch_samples, result.stretch_untouched, result.stretch_touched);
 }
 
 }  // namespace sluice::bench

@@ -59,10 +59,10 @@ class StallProbe {
   std::vector<std::thread> threads_;
 };
 
-// Sorts the measured requests of `result` by whether a stall overlapped the
-// time from their start to their first byte: the others go into
-// result.ttft_untouched, and result.stall_touched counts the rest.
-// `stalls` in order of their start.
+// Sorts the TTFT and gap stretch samples of `result` by whether a stall
+// overlapped their times: the others go into result.ttft_untouched and
+// result.stretch_untouched, and ttft_touched and stretch_touched count the
+// rest. `stalls` in order of their start.
 void set_apart_stalled(RunResult& result, const std::vector<Stall>& stalls);
 
 }  // namespace sluice::bench
