@@ -554,37 +554,31 @@ int run_compare(int argc, char** argv, int first) {
     }
     write_row(tail.label, values, added, ratios);
   }
-  table << "| errors |";
-  for (std::size_t t = 0; t < target_count; ++t) {
-    std::uint64_t errors = 0;
-    for (const auto& value : values[t]) errors += value.summary.errors;
-    table << " " << errors << " |";
-  }
-  for (std::size_t c = target_count; c < columns; ++c) table << " |";
-  table << "\n";
+  // Counts summed over each target's rounds, and their row.
+  auto totals_of = [&](auto count) {
+    std::vector<std::uint64_t> totals(target_count, 0);
+    for (std::size_t t = 0; t < target_count; ++t) {
+      for (const auto& value : values[t]) totals[t] += count(value);
+    }
+    return totals;
+  };
+  auto write_count_row = [&](std::string_view label, const std::vector<std::uint64_t>& totals) {
+    table << "| " << label << " |";
+    for (std::uint64_t count : totals) table << " " << count << " |";
+    for (std::size_t c = target_count; c < columns; ++c) table << " |";
+    table << "\n";
+  };
+  write_count_row("errors", totals_of([](const RoundValue& v) { return v.summary.errors; }));
   // Only when there were some: then a tail may be a second's retransmission
   // rather than the path's own doing.
-  std::vector<std::uint64_t> drops(target_count, 0);
-  for (std::size_t t = 0; t < target_count; ++t) {
-    for (const auto& value : values[t]) drops[t] += value.listen_drops.value_or(0);
-  }
+  const std::vector<std::uint64_t> drops =
+      totals_of([](const RoundValue& v) { return v.listen_drops.value_or(0); });
   const bool any_drops =
       std::any_of(drops.begin(), drops.end(), [](std::uint64_t count) { return count > 0; });
-  if (any_drops) {
-    table << "| connects dropped, listen queue full (all rounds) |";
-    for (std::uint64_t count : drops) table << " " << count << " |";
-    for (std::size_t c = target_count; c < columns; ++c) table << " |";
-    table << "\n";
-  }
+  if (any_drops) write_count_row("connects dropped, listen queue full (all rounds)", drops);
   if (stall_probe) {
-    table << "| CPU stalls (all rounds) |";
-    for (std::size_t t = 0; t < target_count; ++t) {
-      std::uint64_t stalls = 0;
-      for (const auto& value : values[t]) stalls += value.stalls.value_or(0);
-      table << " " << stalls << " |";
-    }
-    for (std::size_t c = target_count; c < columns; ++c) table << " |";
-    table << "\n";
+    write_count_row("CPU stalls (all rounds)",
+                    totals_of([](const RoundValue& v) { return v.stalls.value_or(0); }));
   }
 
   if (!title.empty()) std::cout << "### " << title << "\n\n";

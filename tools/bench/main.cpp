@@ -72,7 +72,8 @@ Compare:
                          NAME's (default: the second target's over the third's)
   --stall-probe          watch every CPU for stalls while each target runs (a
                          thread per CPU, waking every 250 µs) and report the TTFT
-                         of the requests no stall overlapped beside all of them
+                         and gap stretch of the samples no stall overlapped
+                         beside those of all of them
 
 TTFT is the time to the first body byte (the first event of a stream). Gaps
 are the times between the ends of consecutive server-sent events. Times are
