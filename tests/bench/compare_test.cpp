@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "mock/mock_server.hpp"
+#include "process_pause.hpp"
 
 namespace sluice::bench {
 namespace {
@@ -304,16 +305,8 @@ TEST(Compare, SetsApartTheRequestsACpuStallTouched) {
       "--timeout",     "10s",
       "--header",      "x-mock-stamp: 1",
       "--stream",      "--stall-probe"};
-  const pid_t parent = getpid();
-  const pid_t child = fork();
+  const pid_t child = pause_this_process(20ms, 30ms);
   ASSERT_GE(child, 0);
-  if (child == 0) {
-    usleep(20000);
-    kill(parent, SIGSTOP);
-    usleep(30000);
-    kill(parent, SIGCONT);
-    _exit(0);
-  }
   const CompareRun run = run_compare_with(arguments, "stalls");
   waitpid(child, nullptr, 0);
 

@@ -1,13 +1,13 @@
 #include "stall_probe.hpp"
 
 #include <gtest/gtest.h>
-#include <signal.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <thread>
+
+#include "process_pause.hpp"
 
 namespace sluice::bench {
 namespace {
@@ -79,16 +79,9 @@ TEST(SetApartStalled, KeepsEverySampleWithoutStalls) {
 TEST(StallProbe, SeesTheTimeTheProcessWasGivenNoCpu) {
   StallProbe probe;
   std::this_thread::sleep_for(20ms);
-  const pid_t parent = getpid();
   const auto stopped_at = Clock::now();
-  const pid_t child = fork();
+  const pid_t child = pause_this_process(0us, 30ms);
   ASSERT_GE(child, 0);
-  if (child == 0) {
-    kill(parent, SIGSTOP);
-    usleep(30000);
-    kill(parent, SIGCONT);
-    _exit(0);
-  }
   waitpid(child, nullptr, 0);
   std::this_thread::sleep_for(20ms);
   const std::vector<Stall> stalls = probe.stop();
